@@ -1,0 +1,104 @@
+"""Scheduling actions: MetaSchedule trace instructions as plain JSON, and their replay.
+
+An action is ``{"kind", "inputs", "attrs", "outputs", "decision"}``. Inputs and outputs refer
+to random variables by the stable symbolic names the trace serializer assigns (``b0`` a block,
+``l3`` a loop, ``v5`` an integer); literal inputs stay literal. The list of actions converts back
+to MetaSchedule's trace JSON, so a record's trajectory can be replayed on its initial module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Instructions that only query or sample: they leave the IR text unchanged.
+NON_IR_KINDS = frozenset(
+    {
+        "GetSBlock",
+        "GetLoops",
+        "GetChildBlocks",
+        "GetProducers",
+        "GetConsumers",
+        "GetOutputBlocks",
+        "SamplePerfectTile",
+        "SamplePartitionedTile",
+        "SampleCategorical",
+        "SampleComputeLocation",
+        "EnterPostproc",
+    }
+)
+
+
+def to_plain(obj: Any) -> Any:
+    """Convert TVM containers and immediates to plain Python JSON values."""
+    import tvm
+
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, tvm.tirx.IntImm):
+        return bool(obj.value) if obj.dtype == "bool" else int(obj.value)
+    if isinstance(obj, tvm.tirx.FloatImm):
+        return float(obj.value)
+    if isinstance(obj, (int, float)):
+        return obj
+    if isinstance(obj, dict) or hasattr(obj, "items"):
+        return {str(to_plain(k)): to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)) or hasattr(obj, "__len__"):
+        return [to_plain(x) for x in obj]
+    return str(obj)
+
+
+def trace_to_json(trace, remove_postproc: bool = False) -> list:
+    """MetaSchedule's trace JSON ``[instructions, decisions]`` as plain Python values."""
+    return to_plain(trace.as_json(remove_postproc=remove_postproc))
+
+
+def actions_from_trace_json(trace_json: list) -> list[dict]:
+    insts, decisions = trace_json
+    by_index = {int(i): d for i, d in decisions}
+    actions = []
+    for i, (kind, inputs, attrs, outputs) in enumerate(insts):
+        actions.append(
+            {
+                "kind": kind,
+                "inputs": list(inputs),
+                "attrs": list(attrs),
+                "outputs": list(outputs),
+                "decision": by_index.get(i),
+            }
+        )
+    return actions
+
+
+def trace_json_from_actions(actions: list[dict]) -> list:
+    insts, decisions = [], []
+    for i, a in enumerate(actions):
+        insts.append([a["kind"], list(a["inputs"]), list(a["attrs"]), list(a["outputs"])])
+        if a.get("decision") is not None:
+            decisions.append([i, a["decision"]])
+    return [insts, decisions]
+
+
+def changes_ir(action: dict) -> bool:
+    return action["kind"] not in NON_IR_KINDS
+
+
+def replay(mod, actions: list[dict], upto: int | None = None):
+    """Apply the first ``upto`` actions (all by default) to ``mod``; returns the Schedule."""
+    from tvm import s_tir
+
+    prefix = actions if upto is None else actions[:upto]
+    sch = s_tir.Schedule(mod, debug_mask="none", error_render_level="none", enable_check=False)
+    s_tir.Trace.apply_json_to_schedule(trace_json_from_actions(prefix), sch)
+    return sch
+
+
+def replay_states(mod, actions: list[dict], steps: list[int] | None = None) -> dict[int, str]:
+    """TensorIR text after each IR-changing action (or the given steps).
+
+    Step t means "after the first t actions"; step 0 is the initial state. Replaying the
+    whole trace once and reading states on the way would need schedule copies, so each state
+    is replayed from the start; callers cache what they need.
+    """
+    if steps is None:
+        steps = [i + 1 for i, a in enumerate(actions) if changes_ir(a)]
+    return {t: replay(mod, actions, t).mod.script() for t in steps}

@@ -1,0 +1,233 @@
+"""Data collection: measure random and evolutionary-search candidates into a JSON database.
+
+Resumable by construction: every measured batch is committed to the database before the
+next one starts, and a re-run counts what each task already has and measures only the rest.
+The first ``n_random`` records of a task are random samples of its design space; the rest come
+from evolutionary search (XGBoost cost model), so the data also covers good programs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .database import FAILURE_FILE, load_raw, open_database
+from .errors import CwmError
+from .measure import EvaluatorSettings, error_kind, make_builder, make_runner
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CollectReport:
+    measured: int = 0
+    failed: int = 0
+    seconds: float = 0.0
+    per_task: dict = field(default_factory=dict)
+
+    @property
+    def throughput(self) -> float:
+        return self.measured / self.seconds if self.seconds > 0 else 0.0
+
+    def throughput_since(self, start: float) -> float:
+        elapsed = time.time() - start
+        return self.measured / elapsed if elapsed > 0 else 0.0
+
+    def as_json(self) -> dict:
+        return {
+            "measured": self.measured,
+            "failed": self.failed,
+            "seconds": round(self.seconds, 2),
+            "candidates_per_second": round(self.throughput, 4),
+            "per_task": self.per_task,
+        }
+
+
+def existing_counts(db_dir: Path) -> dict[str, int]:
+    """Records already in the database per task id (valid and failed)."""
+    from .database import task_ids
+
+    raw = load_raw(db_dir, missing_ok=True)
+    ids = task_ids(raw)
+    counts: dict[str, int] = {}
+    for rec in raw.records:
+        tid = ids[rec.workload_index]
+        counts[tid] = counts.get(tid, 0) + 1
+    return counts
+
+
+def _measure_callbacks(db_dir: Path, task_id: str, report: CollectReport, on_batch):
+    """MetaSchedule's default callbacks, plus a failure log and progress reporting."""
+    import tvm.s_tir.meta_schedule as ms
+    from tvm.ir.utils import derived_object
+
+    failure_path = db_dir / FAILURE_FILE
+
+    @derived_object
+    class RecordFailures(ms.measure_callback.PyMeasureCallback):
+        def apply(self, task_scheduler, task_index, measure_candidates, builder_results, runner_results):
+            from .actions import trace_to_json
+
+            lines = []
+            n_valid = 0
+            best = None
+            for cand, b, r in zip(measure_candidates, builder_results, runner_results):
+                kind = error_kind(b.error_msg, r.error_msg)
+                if kind is None:
+                    n_valid += 1
+                    secs = [float(s) for s in r.run_secs]
+                    lat = sorted(secs)[len(secs) // 2]
+                    best = lat if best is None else min(best, lat)
+                    continue
+                message = (b.error_msg or r.error_msg or "").strip().splitlines()
+                lines.append(json.dumps({
+                    "task_id": task_id,
+                    "error_kind": kind,
+                    "message": " | ".join(message[-3:])[:500],
+                    "trace": trace_to_json(cand.sch.trace),
+                }))
+            if lines:
+                with open(failure_path, "a") as f:
+                    f.write("".join(line + "\n" for line in lines))
+            report.measured += len(measure_candidates)
+            report.failed += len(measure_candidates) - n_valid
+            on_batch(len(measure_candidates), n_valid, best)
+
+    return [
+        ms.measure_callback.AddToDatabase(),
+        ms.measure_callback.RemoveBuildArtifact(),
+        ms.measure_callback.UpdateCostModel(),
+        RecordFailures(),
+    ]
+
+
+def tune_context(task, target, strategy: str, seed: int, num_threads: int | None = None):
+    import tvm.s_tir.meta_schedule as ms
+
+    from .hardware import physical_cores
+
+    return ms.TuneContext(
+        mod=task.mod,
+        target=target,
+        space_generator="post-order-apply",
+        search_strategy=strategy,
+        task_name=task.name,
+        rand_state=seed,
+        num_threads=num_threads or physical_cores(),
+    )
+
+
+def _run_phase(task, target, db, db_dir, *, strategy, cost_model, trials, batch, seed, builder, runner, callbacks):
+    import tvm.s_tir.meta_schedule as ms
+
+    ctx = tune_context(task, target, strategy, seed)
+    ms.tune_tasks(
+        tasks=[ctx],
+        task_weights=[1.0],
+        work_dir=str(db_dir),
+        max_trials_global=trials,
+        max_trials_per_task=trials,
+        num_trials_per_iter=min(batch, trials),
+        builder=builder,
+        runner=runner,
+        database=db,
+        cost_model=cost_model,
+        measure_callbacks=callbacks,
+        task_scheduler="round-robin",
+    )
+
+
+def collect(
+    tasks,
+    db_dir: str | Path,
+    *,
+    n_random: int = 100,
+    n_evolutionary: int = 100,
+    target=None,
+    batch: int = 32,
+    seed: int = 0,
+    settings: EvaluatorSettings | None = None,
+    rpc=None,
+    progress: bool = True,
+) -> CollectReport:
+    """Measure up to ``n_random + n_evolutionary`` candidates per task into ``db_dir``."""
+    from tqdm import tqdm
+
+    from .hardware import hardware_for_target, make_target
+
+    if n_random < 0 or n_evolutionary < 0 or n_random + n_evolutionary == 0:
+        raise CwmError("collect needs a positive number of candidates per task")
+    if batch <= 0:
+        raise CwmError(f"batch must be positive, got {batch}")
+    target = target or make_target()
+    db_dir = Path(db_dir)
+    db_dir.mkdir(parents=True, exist_ok=True)
+    db = open_database(db_dir)
+    _write_manifest(db_dir, target, hardware_for_target(target))
+    counts = existing_counts(db_dir)
+    per_task_goal = n_random + n_evolutionary
+    todo = [(t, counts.get(t.id, 0)) for t in tasks]
+    total = sum(max(0, per_task_goal - have) for _, have in todo)
+    report = CollectReport()
+    builder = make_builder()
+    runner = make_runner(settings, rpc)
+    start = time.time()
+    bar = tqdm(total=total, unit="cand", disable=not progress, dynamic_ncols=True, desc="collect")
+    try:
+        for i, (task, have) in enumerate(todo):
+            best = [None]
+
+            def on_batch(n, n_valid, batch_best, task=task, best=best):
+                if batch_best is not None:
+                    best[0] = batch_best if best[0] is None else min(best[0], batch_best)
+                bar.update(n)
+                shown = f"{best[0] * 1e3:.3f}ms" if best[0] is not None else "-"
+                bar.set_postfix_str(f"{task.name[:40]} best={shown} {report.throughput_since(start):.2f}/s")
+
+            callbacks = _measure_callbacks(db_dir, task.id, report, on_batch)
+            if have < n_random:
+                _run_phase(task, target, db, db_dir, strategy="replay-trace", cost_model="random",
+                           trials=n_random - have, batch=batch, seed=seed + i, builder=builder,
+                           runner=runner, callbacks=callbacks)
+                have = n_random
+            if have < per_task_goal:
+                _run_phase(task, target, db, db_dir, strategy="evolutionary", cost_model="xgb",
+                           trials=per_task_goal - have, batch=batch, seed=seed + 1000 + i, builder=builder,
+                           runner=runner, callbacks=callbacks)
+            report.per_task[task.id] = {"name": task.name, "best_seconds": best[0]}
+    finally:
+        bar.close()
+        report.seconds = time.time() - start
+    return report
+
+
+def _write_manifest(db_dir: Path, target, hw) -> None:
+    """Record where the measurements were taken; refuse to mix machines in one database."""
+    import tvm
+
+    from .database import atomic_write_text
+
+    path = db_dir / "manifest.json"
+    info = {
+        "target": json.loads(str(target)),
+        "hardware": hw.as_json(),
+        "tvm_version": tvm.__version__,
+    }
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            old = {}
+        if old.get("hardware", {}).get("model") not in (None, hw.model) or old.get("target", {}).get(
+            "mcpu"
+        ) != info["target"].get("mcpu"):
+            raise CwmError(
+                f"{path} was measured on {old.get('hardware', {}).get('model')} "
+                f"({old.get('target', {}).get('mcpu')}); use another directory for this machine"
+            )
+        info = {**old, **info}
+    info.setdefault("created", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    atomic_write_text(path, json.dumps(info, indent=2) + "\n")

@@ -1,0 +1,182 @@
+"""Robust access to MetaSchedule JSON databases (the standard format of tuning logs).
+
+A database directory holds ``database_workload.json`` and ``database_tuning_record.json``,
+one JSON value per line. MetaSchedule's own loader aborts on a corrupt line; here a corrupt or
+truncated line is skipped with a warning and counted, and ``repair`` rewrites the files
+atomically without such lines so MetaSchedule can open them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import CwmError
+
+log = logging.getLogger(__name__)
+
+WORKLOAD_FILE = "database_workload.json"
+RECORD_FILE = "database_tuning_record.json"
+FAILURE_FILE = "failures.jsonl"
+FAILED_LATENCY = 1e10  # run_secs MetaSchedule stores for a candidate that failed
+
+
+@dataclass
+class RawRecord:
+    """One tuning record as plain JSON, plus where it came from."""
+
+    workload_index: int
+    trace_json: list
+    run_secs: list[float] | None
+    target_json: object
+    args_info: list
+    line_no: int
+
+    @property
+    def valid(self) -> bool:
+        return bool(self.run_secs) and all(
+            isinstance(s, (int, float)) and math.isfinite(s) and 0 < s < FAILED_LATENCY for s in self.run_secs
+        )
+
+    @property
+    def latency(self) -> float | None:
+        if not self.valid:
+            return None
+        s = sorted(self.run_secs)
+        return float(s[len(s) // 2])
+
+
+@dataclass
+class RawDatabase:
+    path: Path
+    workloads: list[list]  # [structural hash string, serialized module]
+    records: list[RawRecord]
+    skipped_lines: int = 0
+    skipped_detail: list[str] = field(default_factory=list)
+
+
+def _read_lines(path: Path):
+    with open(path, "rb") as f:
+        for no, raw in enumerate(f, 1):
+            yield no, raw
+
+
+def _parse_record(value, no: int, n_workloads: int) -> RawRecord:
+    index, body = value
+    if not isinstance(index, int) or not 0 <= index < n_workloads:
+        raise ValueError(f"workload index {index!r} out of range")
+    trace_json, run_secs, target_json, args_info = body[:4]
+    if not isinstance(trace_json, list) or len(trace_json) != 2:
+        raise ValueError("trace is not [instructions, decisions]")
+    if run_secs is not None:
+        run_secs = [float(s) for s in run_secs]
+    return RawRecord(index, trace_json, run_secs, target_json, args_info, no)
+
+
+def load_raw(db_dir: str | os.PathLike, *, missing_ok: bool = False) -> RawDatabase:
+    """Read a JSON database directory, skipping corrupt lines with a warning and a count."""
+    db_dir = Path(db_dir)
+    wl_path, rec_path = db_dir / WORKLOAD_FILE, db_dir / RECORD_FILE
+    if not wl_path.exists():
+        if missing_ok:
+            return RawDatabase(db_dir, [], [])
+        if not db_dir.exists():
+            raise CwmError(f"database directory {db_dir} does not exist")
+        raise CwmError(f"{db_dir} is not a MetaSchedule database: {WORKLOAD_FILE} is missing")
+    db = RawDatabase(db_dir, [], [])
+    for no, raw in _read_lines(wl_path):
+        if not raw.strip():
+            continue
+        try:
+            value = json.loads(raw)
+            if not (isinstance(value, list) and len(value) == 2):
+                raise ValueError("expected [hash, module]")
+            db.workloads.append(value)
+        except (ValueError, UnicodeDecodeError) as err:
+            # Records refer to workloads by line index, so a bad workload line keeps its slot.
+            db.workloads.append(None)
+            db.skipped_lines += 1
+            db.skipped_detail.append(f"{wl_path.name}:{no}: {err}")
+    if rec_path.exists():
+        for no, raw in _read_lines(rec_path):
+            if not raw.strip():
+                continue
+            try:
+                rec = _parse_record(json.loads(raw), no, len(db.workloads))
+                if db.workloads[rec.workload_index] is None:
+                    raise ValueError("refers to a corrupt workload line")
+                db.records.append(rec)
+            except (ValueError, TypeError, UnicodeDecodeError, IndexError) as err:
+                db.skipped_lines += 1
+                db.skipped_detail.append(f"{rec_path.name}:{no}: {err}")
+    if db.skipped_lines:
+        log.warning("%s: skipped %d corrupt line(s), first: %s", db_dir, db.skipped_lines, db.skipped_detail[0])
+    return db
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def repair(db_dir: str | os.PathLike) -> int:
+    """Drop corrupt lines (e.g. a torn last line after a kill) so MetaSchedule can load the files.
+
+    Workload lines keep their positions (records index them), so a corrupt workload line is
+    only tolerated if no record refers to it; it is replaced by a copy of a valid line.
+    Returns the number of lines dropped.
+    """
+    db_dir = Path(db_dir)
+    rec_path = db_dir / RECORD_FILE
+    wl_path = db_dir / WORKLOAD_FILE
+    if not wl_path.exists():
+        return 0
+    db = load_raw(db_dir)
+    if not db.skipped_lines:
+        return 0
+    good = [w for w in db.workloads if w is not None]
+    if len(good) != len(db.workloads):
+        if not good:
+            raise CwmError(f"{wl_path}: no readable workload line; the database cannot be repaired")
+        lines = [json.dumps(w if w is not None else good[0]) for w in db.workloads]
+        atomic_write_text(wl_path, "\n".join(lines) + "\n")
+    if rec_path.exists():
+        valid_lines = {r.line_no for r in db.records}
+        kept = [raw.decode().rstrip("\n") for no, raw in _read_lines(rec_path) if no in valid_lines]
+        atomic_write_text(rec_path, "".join(line + "\n" for line in kept))
+    log.warning("%s: repaired, dropped %d corrupt line(s)", db_dir, db.skipped_lines)
+    return db.skipped_lines
+
+
+def open_database(db_dir: str | os.PathLike, *, create: bool = True):
+    """A MetaSchedule JSONDatabase on a repaired directory."""
+    import tvm.s_tir.meta_schedule as ms
+
+    db_dir = Path(db_dir)
+    if not create and not (db_dir / WORKLOAD_FILE).exists():
+        load_raw(db_dir)  # raises the clear error
+    db_dir.mkdir(parents=True, exist_ok=True)
+    repair(db_dir)
+    return ms.database.JSONDatabase(work_dir=str(db_dir), allow_missing=create)
+
+
+def workload_module(entry: list):
+    """The IRModule of one workload line."""
+    import tvm.s_tir.meta_schedule as ms
+
+    return ms.database.Workload.from_json(entry).mod
+
+
+def task_ids(db: RawDatabase) -> list[str | None]:
+    """Task id (see cwm.workloads.task_id_of) of every workload line."""
+    from .workloads.task import task_id_of
+
+    return [None if w is None else task_id_of(workload_module(w)) for w in db.workloads]

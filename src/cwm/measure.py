@@ -1,0 +1,109 @@
+"""Measurement on real hardware: a builder that avoids the slow worker start-up, local and RPC runners."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+
+from .errors import CwmError
+
+
+def build_without_tensor_intrin(mod, target, _params):
+    """Build one candidate.
+
+    MetaSchedule's default build function imports ``tvm.s_tir.tensor_intrin`` in every
+    worker, which costs ~20 s here and makes the default LocalBuilder time out on 2 cores.
+    CPU and CUDA candidates without tensorization do not need it.
+    """
+    from tvm.driver import build as tvm_build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    return tvm_build(mod, target=target)
+
+
+def make_builder(max_workers: int | None = None, timeout_sec: float = 60.0):
+    import tvm.s_tir.meta_schedule as ms
+
+    from .hardware import physical_cores
+
+    return ms.builder.LocalBuilder(
+        max_workers=max_workers or physical_cores(),
+        timeout_sec=timeout_sec,
+        f_build=build_without_tensor_intrin,
+    )
+
+
+@dataclass(frozen=True)
+class EvaluatorSettings:
+    """How each candidate is timed: ``repeat`` samples, each the mean of ``number`` runs."""
+
+    number: int = 1
+    repeat: int = 3
+    min_repeat_ms: int = 10
+    timeout_sec: float = 30.0
+
+    def config(self):
+        import tvm.s_tir.meta_schedule as ms
+
+        return ms.runner.EvaluatorConfig(
+            number=self.number,
+            repeat=self.repeat,
+            min_repeat_ms=self.min_repeat_ms,
+            enable_cpu_cache_flush=False,
+        )
+
+
+@dataclass(frozen=True)
+class RPCAddress:
+    host: str
+    port: int
+    key: str
+
+    @classmethod
+    def parse(cls, spec: str) -> "RPCAddress":
+        parts = spec.rsplit(":", 2)
+        if len(parts) != 3 or not parts[0] or not parts[2]:
+            raise CwmError(f"--rpc must be HOST:PORT:KEY, got {spec!r}")
+        try:
+            port = int(parts[1])
+        except ValueError:
+            raise CwmError(f"--rpc port must be an integer, got {parts[1]!r}") from None
+        return cls(parts[0], port, parts[2])
+
+    def check_reachable(self, timeout: float = 5.0) -> None:
+        try:
+            with socket.create_connection((self.host, self.port), timeout=timeout):
+                pass
+        except OSError as err:
+            raise CwmError(f"RPC tracker {self.host}:{self.port} is unreachable: {err}") from None
+
+
+def make_runner(settings: EvaluatorSettings | None = None, rpc: RPCAddress | None = None,
+                max_workers: int = 1):
+    """A LocalRunner, or an RPCRunner through a tracker when ``rpc`` is given."""
+    import tvm.s_tir.meta_schedule as ms
+
+    settings = settings or EvaluatorSettings()
+    if rpc is None:
+        return ms.runner.LocalRunner(timeout_sec=settings.timeout_sec, evaluator_config=settings.config())
+    rpc.check_reachable()
+    return ms.runner.RPCRunner(
+        rpc_config=ms.runner.RPCConfig(
+            tracker_host=rpc.host,
+            tracker_port=rpc.port,
+            tracker_key=rpc.key,
+            session_timeout_sec=max(60, int(settings.timeout_sec * 2)),
+        ),
+        evaluator_config=settings.config(),
+        max_workers=max_workers,
+    )
+
+
+def error_kind(builder_error: str | None, runner_error: str | None) -> str | None:
+    """Classify a failed candidate: build/run, timeout or error."""
+    if builder_error:
+        return "build_timeout" if "Timeout" in builder_error else "build_error"
+    if runner_error:
+        return "run_timeout" if "Timeout" in runner_error or "timeout" in runner_error else "run_error"
+    return None

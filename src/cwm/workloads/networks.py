@@ -1,0 +1,201 @@
+"""Real networks imported through torch.export and split into MetaSchedule tasks.
+
+No weights are downloaded: torchvision models are built with ``weights=None`` and the
+transformers models from their config classes with random initialization.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ..errors import CwmError
+from ..compat import import_torchvision
+from .task import Task
+
+SEQ_LEN = 128
+
+
+def _vision(name):
+    def build():
+        import torch
+
+        tv = import_torchvision()
+        model = getattr(tv.models, name)(weights=None).eval()
+        return model, (torch.randn(1, 3, 224, 224),)
+
+    return build
+
+
+def _bert():
+    import torch
+
+    import_torchvision()  # transformers imports torchvision
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(), add_pooling_layer=False).eval()
+    return _LastHidden(model), (torch.randint(0, 1000, (1, SEQ_LEN)),)
+
+
+def _gpt2():
+    import torch
+
+    import_torchvision()
+    from transformers import GPT2Config, GPT2Model
+
+    torch.manual_seed(0)
+    model = GPT2Model(GPT2Config(use_cache=False)).eval()
+    return _LastHidden(model), (torch.randint(0, 1000, (1, SEQ_LEN)),)
+
+
+def _last_hidden_module():
+    import torch
+
+    class LastHidden(torch.nn.Module):
+        """Return the last hidden state as a plain tensor, so export sees one output."""
+
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids):
+            return self.inner(input_ids=input_ids).last_hidden_state
+
+    return LastHidden
+
+
+def _LastHidden(model):
+    return _last_hidden_module()(model).eval()
+
+
+@dataclass(frozen=True)
+class Network:
+    name: str
+    build: object  # () -> (torch.nn.Module, example_inputs)
+    description: str
+
+
+NETWORKS: dict[str, Network] = {
+    n.name: n
+    for n in [
+        Network("resnet18", _vision("resnet18"), "torchvision ResNet-18, 1x3x224x224"),
+        Network("resnet50", _vision("resnet50"), "torchvision ResNet-50, 1x3x224x224"),
+        Network("mobilenet_v2", _vision("mobilenet_v2"), "torchvision MobileNetV2, 1x3x224x224"),
+        Network("bert-base", _bert, f"BERT-base encoder (random init), sequence {SEQ_LEN}"),
+        Network("gpt2", _gpt2, f"GPT-2 small decoder (random init), sequence {SEQ_LEN}"),
+    ]
+}
+
+
+def get_network(name: str) -> Network:
+    if name not in NETWORKS:
+        raise CwmError(f"unknown network {name!r}; known: {', '.join(NETWORKS)}")
+    return NETWORKS[name]
+
+
+def torch_model(name: str):
+    """The PyTorch model and example inputs of a network."""
+    return get_network(name).build()
+
+
+def relax_module(name: str, target, *, bind_params: bool = True):
+    """Export a network to Relax with its parameters bound, ready for fusion and tuning."""
+    import torch
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.torch import from_exported_program
+
+    model, inputs = torch_model(name)
+    with torch.no_grad():
+        exported = torch.export.export(model, inputs)
+    mod = from_exported_program(exported, keep_params_as_input=True)
+    mod, params = relax.frontend.detach_params(mod)
+    if bind_params:
+        fparams = mod["main"].params
+        weights = params["main"]
+        bound = dict(zip(fparams[len(fparams) - len(weights):], weights))
+        mod = relax.transform.BindParams("main", bound)(mod)
+    with target:
+        mod = tvm.transform.Sequential(
+            [
+                relax.transform.DecomposeOpsForInference(),
+                relax.transform.CanonicalizeBindings(),
+                relax.transform.FoldConstant(),
+            ]
+        )(mod)
+    return mod
+
+
+def fuse(mod, target):
+    """Legalize and fuse a Relax module into TIR subgraphs (the tasks)."""
+    import tvm
+    from tvm import relax
+
+    with target:
+        return relax.get_pipeline("zero")(mod)
+
+
+def _tidy(task_name: str) -> str:
+    """Readable task name: drop the numeric suffixes Relax adds to fused op names."""
+    return re.sub(r"(?<=[a-z_])\d+(?=_|$)", "", task_name)
+
+
+@lru_cache(maxsize=8)
+def _network_tasks_cached(name: str, target_json: str) -> tuple[Task, ...]:
+    import json
+
+    import tvm.s_tir.meta_schedule as ms
+    from tvm.target import Target
+
+    target = Target(json.loads(target_json))
+    mod = fuse(relax_module(name, target), target)
+    extracted = ms.relax_integration.extract_tasks(mod, target)
+    tasks = []
+    for ext in extracted:
+        (dispatched,) = ext.dispatched[:1]
+        tasks.append(
+            Task(
+                name=f"{name}/{ext.task_name}",
+                mod=dispatched,
+                weight=float(ext.weight),
+                network=name,
+                kind="",
+            )
+        )
+    for t in tasks:
+        t.kind = _kind_for(t)
+    return tuple(tasks)
+
+
+def _kind_for(task: Task) -> str:
+    from .task import kind_of
+
+    short = task.name.split("/", 1)[1]
+    kind = kind_of(short)
+    if kind == "conv2d" and _is_depthwise(task.mod):
+        return "depthwise_conv2d"
+    if kind == "matmul" and "add" in short:
+        return "dense"
+    return kind
+
+
+def _is_depthwise(mod) -> bool:
+    """A grouped conv with one input channel per group (Relax legalizes it as group_conv2d)."""
+    text = mod.script()
+    return "group_conv2d" in text or "DepthwiseConv2d" in text
+
+
+def network_tasks(name: str, target=None) -> list[Task]:
+    """The MetaSchedule tasks of a network, with their weights (occurrence counts)."""
+    from ..hardware import make_target
+
+    get_network(name)
+    target = target or make_target()
+    return list(_network_tasks_cached(name, str(target)))
+
+
+def tunable(task: Task) -> bool:
+    """Tasks worth tuning: the ones that compute, not pure layout moves."""
+    return task.kind != "elementwise" or task.flops > 1e6
