@@ -29,13 +29,19 @@ NON_IR_KINDS = frozenset(
 
 
 def to_plain(obj: Any) -> Any:
-    """Convert TVM containers and immediates to plain Python JSON values."""
+    """Convert TVM containers and immediates to plain Python JSON values.
+
+    Booleans become 0/1, as in MetaSchedule's database files, so a live trace and the same
+    trace read back from a database give identical actions.
+    """
     import tvm
 
-    if obj is None or isinstance(obj, (bool, str)):
+    if obj is None or isinstance(obj, str):
         return obj
+    if isinstance(obj, bool):
+        return int(obj)
     if isinstance(obj, tvm.tirx.IntImm):
-        return bool(obj.value) if obj.dtype == "bool" else int(obj.value)
+        return int(obj.value)
     if isinstance(obj, tvm.tirx.FloatImm):
         return float(obj.value)
     if isinstance(obj, (int, float)):

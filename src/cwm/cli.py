@@ -94,10 +94,106 @@ def collect(
     typer.echo(json.dumps({k: v for k, v in report.as_json().items() if k != "per_task"}))
 
 
+DEFAULT_WORKLOAD = "dense_relu:M=128,N=512,K=256"
+
+
+@app.command()
+def tune(
+    workload: Optional[str] = typer.Argument(None, help=f"Registry workload or network task (default {DEFAULT_WORKLOAD})."),
+    network: Optional[str] = typer.Option(None, help="Tune every tunable task of a network, weighted."),
+    tir: Optional[Path] = typer.Option(None, "--tir", help="A TVMScript file with your own kernel."),
+    trials: int = typer.Option(64, help="Measurement budget in total."),
+    cost_model: str = typer.Option("cwm", help="cwm | xgb | random"),
+    model: Optional[Path] = typer.Option(None, help="World model directory (default: the shipped model)."),
+    target: Optional[str] = typer.Option(None, help="'cpu' (default, this host), 'cuda' or target JSON."),
+    rpc: Optional[str] = typer.Option(None, help="Measure through a TVM RPC tracker HOST:PORT:KEY."),
+    work_dir: Path = typer.Option(Path("runs/tune"), help="Database and report directory (resumable)."),
+    seed: int = typer.Option(0),
+    per_iter: int = typer.Option(32, help="Candidates measured per search iteration."),
+):
+    """Tune a workload, a network or a TVMScript kernel; writes a database and a report."""
+    from .hardware import make_target
+    from .measure import RPCAddress
+    from .tuning import tune as run_tune
+    from .workloads import load_tir_file
+
+    _quiet_tvm_logs()
+    if trials <= 0:
+        _fail(f"--trials must be positive, got {trials}")
+    address = RPCAddress.parse(rpc) if rpc else None
+    if address:
+        address.check_reachable()
+    tgt = make_target(target)
+    if tir is not None:
+        tasks = [load_tir_file(tir)]
+    else:
+        tasks = _tasks_from([workload] if workload else ([] if network else [DEFAULT_WORKLOAD]), network, tgt)
+    result = run_tune(tasks, trials=trials, work_dir=work_dir, cost_model=cost_model, model_path=model,
+                      target=tgt, rpc=address, seed=seed, num_trials_per_iter=per_iter)
+    for t in tasks:
+        best = result.best.get(t.id)
+        if best:
+            typer.echo(f"{t.name}: best {best['latency'] * 1e3:.4f} ms ({best['gflops']:.1f} GFLOP/s)")
+        else:
+            typer.echo(f"{t.name}: no valid candidate measured")
+    if len(tasks) > 1 and result.weighted_latency:
+        typer.echo(f"weighted total: {result.weighted_latency * 1e3:.3f} ms")
+    typer.echo(f"report: {work_dir / 'report.json'}, curve: {work_dir / 'best_so_far.png'}")
+
+
+@dataset_app.command("stats")
+def dataset_stats(
+    db: Path = typer.Option(..., "--db", help="MetaSchedule JSON database directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print the statistics as JSON."),
+    plot: Optional[Path] = typer.Option(None, help="Write a PNG of action kinds and trajectory lengths."),
+):
+    """Records per task, valid/failed counts, latency spread, action kinds and trajectory lengths."""
+    from .dataset import load_dataset
+    from .reports import plot_dataset_stats, format_dataset_stats
+
+    ds = load_dataset(db)
+    stats = ds.stats()
+    typer.echo(json.dumps(stats, indent=1) if as_json else format_dataset_stats(stats))
+    if plot:
+        plot_dataset_stats(ds, plot)
+        typer.echo(f"plot written to {plot}")
+
+
+@dataset_app.command("split")
+def dataset_split(
+    db: Path = typer.Option(..., "--db", help="MetaSchedule JSON database directory."),
+    out: Path = typer.Option(..., "--out", help="Where to write the split JSON."),
+    seed: int = typer.Option(0),
+):
+    """Write a train/val/test split by task (about 70/15/15, with held-out kinds and shapes)."""
+    from .database import atomic_write_text
+    from .dataset import load_dataset, make_split
+
+    ds = load_dataset(db)
+    split = make_split(ds.tasks, seed=seed)
+    split["names"] = {k: [ds.tasks[t].name for t in v] for k, v in split.items()}
+    atomic_write_text(out, json.dumps(split, indent=1) + "\n")
+    typer.echo(" ".join(f"{k}={len(v)}" for k, v in split.items() if k != "names"))
+
+
+@dataset_app.command("export")
+def dataset_export(
+    db: Path = typer.Option(..., "--db", help="MetaSchedule JSON database directory."),
+    out: Path = typer.Option(..., "--out", help="Output JSONL of trajectory records."),
+    states: bool = typer.Option(False, help="Include replayed intermediate and final states."),
+):
+    """Export trajectory records (initial state, actions, states, latency, hardware) as JSONL."""
+    from .dataset import load_dataset
+
+    n = load_dataset(db).export_jsonl(out, with_states=states)
+    typer.echo(f"{n} trajectories written to {out}")
+
+
 def main() -> None:
     """Console entry point: user errors become one line on stderr and exit code 2."""
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # returns the exit code of typer.Exit in this mode
+        sys.exit(code if isinstance(code, int) else 0)
     except CwmError as err:
         typer.echo(f"error: {err}", err=True)
         sys.exit(2)

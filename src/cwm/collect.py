@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .database import FAILURE_FILE, load_raw, open_database
+from .dataset import write_task_index
 from .errors import CwmError
 from .measure import EvaluatorSettings, error_kind, make_builder, make_runner
 
@@ -167,6 +168,7 @@ def collect(
     db_dir.mkdir(parents=True, exist_ok=True)
     db = open_database(db_dir)
     _write_manifest(db_dir, target, hardware_for_target(target))
+    write_task_index(db_dir, tasks)
     counts = existing_counts(db_dir)
     per_task_goal = n_random + n_evolutionary
     todo = [(t, counts.get(t.id, 0)) for t in tasks]

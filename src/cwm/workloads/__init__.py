@@ -32,3 +32,29 @@ __all__ = [
     "task_id_of",
     "tunable",
 ]
+
+
+def load_tir_file(path) -> Task:
+    """A user's kernel from a TVMScript file: an IRModule with one PrimFunc, or a bare PrimFunc."""
+    from pathlib import Path
+
+    import tvm
+    from tvm.script import from_source
+
+    path = Path(path)
+    if not path.exists():
+        raise CwmError(f"TVMScript file {path} does not exist")
+    try:
+        parsed = from_source(path.read_text())
+    except Exception as err:  # the parser raises its own diagnostics
+        first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise CwmError(f"{path} does not parse as TVMScript: {first}") from None
+    if isinstance(parsed, tvm.tirx.PrimFunc):
+        parsed = tvm.IRModule({"main": parsed})
+    if not isinstance(parsed, tvm.IRModule):
+        raise CwmError(f"{path} holds a {type(parsed).__name__}, not a TIR module or PrimFunc")
+    funcs = [gv for gv, f in parsed.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+    if len(funcs) != 1:
+        raise CwmError(f"{path} must hold exactly one PrimFunc, found {len(funcs)}")
+    mod = tvm.IRModule({"main": parsed[funcs[0]].with_attr("global_symbol", "main")})
+    return Task(name=f"file:{path.name}", mod=mod)

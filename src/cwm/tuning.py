@@ -1,0 +1,252 @@
+"""Tuning: MetaSchedule's evolutionary search with a choice of cost model.
+
+``tune`` takes one task or several (a network, with weights), runs the search against a
+resumable JSON database, shows progress and writes a report: the best-so-far curve (JSON and
+PNG) and the final best latency with its schedule.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .database import atomic_write_text, open_database
+from .errors import CwmError
+from .measure import EvaluatorSettings, error_kind, make_builder, make_runner
+
+log = logging.getLogger(__name__)
+
+COST_MODELS = ("cwm", "xgb", "random")
+
+
+@dataclass
+class TuneResult:
+    work_dir: Path
+    tasks: list
+    best: dict = field(default_factory=dict)  # task id -> {latency, trace, name}
+    curve: list = field(default_factory=list)  # best-so-far weighted latency after each trial
+    trial_latencies: list = field(default_factory=list)  # (task id, latency or None) in order
+    seconds: float = 0.0
+    cost_model_seconds: float = 0.0
+    trials: int = 0
+
+    @property
+    def weighted_latency(self) -> float | None:
+        if len(self.best) < len(self.tasks):
+            return None
+        return sum(t.weight * self.best[t.id]["latency"] for t in self.tasks)
+
+    def as_json(self) -> dict:
+        return {
+            "tasks": [t.summary() for t in self.tasks],
+            "trials": self.trials,
+            "seconds": round(self.seconds, 2),
+            "cost_model_seconds": round(self.cost_model_seconds, 3),
+            "weighted_latency_seconds": self.weighted_latency,
+            "best": self.best,
+            "curve": self.curve,
+        }
+
+
+def make_cost_model(kind: str, model_path=None, seed: int = 0):
+    import tvm.s_tir.meta_schedule as ms
+
+    from tvm.s_tir.meta_schedule.cost_model.xgb_model import XGBConfig
+
+    from .cost_model import TimedCostModel
+
+    if kind == "xgb":
+        return TimedCostModel(ms.cost_model.XGBModel(config=XGBConfig(seed=seed)))
+    if kind == "random":
+        return TimedCostModel(ms.cost_model.RandomModel(seed=seed))
+    if kind == "cwm":
+        from .cost_model import WorldModelCostModel
+        from .world_model import WorldModel
+
+        return TimedCostModel(WorldModelCostModel(WorldModel.load(model_path), seed=seed))
+    raise CwmError(f"unknown cost model {kind!r}; choose one of {', '.join(COST_MODELS)}")
+
+
+def _callbacks(result: TuneResult, tasks, bar):
+    import tvm.s_tir.meta_schedule as ms
+    from tvm.ir.utils import derived_object
+
+    weights = {t.id: t.weight for t in tasks}
+    flops = {t.id: t.flops for t in tasks}
+    id_of_index = [t.id for t in tasks]
+
+    @derived_object
+    class Progress(ms.measure_callback.PyMeasureCallback):
+        def apply(self, task_scheduler, task_index, measure_candidates, builder_results, runner_results):
+            from .actions import trace_to_json
+
+            tid = id_of_index[task_index]
+            for cand, b, r in zip(measure_candidates, builder_results, runner_results):
+                result.trials += 1
+                lat = None
+                if error_kind(b.error_msg, r.error_msg) is None:
+                    secs = sorted(float(s) for s in r.run_secs)
+                    lat = secs[len(secs) // 2]
+                    best = result.best.get(tid)
+                    if best is None or lat < best["latency"]:
+                        result.best[tid] = {"latency": lat, "trace": trace_to_json(cand.sch.trace),
+                                            "trial": result.trials}
+                result.trial_latencies.append((tid, lat))
+                total = None
+                if len(result.best) == len(weights):
+                    total = sum(weights[k] * v["latency"] for k, v in result.best.items())
+                result.curve.append(total)
+            bar.update(len(measure_candidates))
+            best = result.best.get(tid)
+            if best:
+                gflops = flops[tid] / best["latency"] / 1e9
+                bar.set_postfix_str(f"best {best['latency'] * 1e3:.4f} ms, {gflops:.1f} GFLOP/s")
+
+    return [
+        ms.measure_callback.AddToDatabase(),
+        ms.measure_callback.RemoveBuildArtifact(),
+        ms.measure_callback.UpdateCostModel(),
+        Progress(),
+    ]
+
+
+def tune(
+    tasks,
+    *,
+    trials: int,
+    work_dir: str | Path,
+    cost_model: str = "cwm",
+    model_path=None,
+    target=None,
+    rpc=None,
+    seed: int = 0,
+    num_trials_per_iter: int = 32,
+    settings: EvaluatorSettings | None = None,
+    progress: bool = True,
+    report: bool = True,
+) -> TuneResult:
+    """Tune ``tasks`` (a Task or a list) for ``trials`` measurements in total."""
+    import tvm.s_tir.meta_schedule as ms
+    from tqdm import tqdm
+
+    from .collect import existing_counts, tune_context
+    from .hardware import make_target
+
+    if not isinstance(tasks, (list, tuple)):
+        tasks = [tasks]
+    if trials <= 0:
+        raise CwmError(f"the trial budget must be positive, got {trials}")
+    if cost_model not in COST_MODELS:
+        raise CwmError(f"unknown cost model {cost_model!r}; choose one of {', '.join(COST_MODELS)}")
+    target = target or make_target()
+    work_dir = Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    db = open_database(work_dir)
+    from .dataset import write_task_index
+
+    write_task_index(work_dir, tasks)
+    done = sum(existing_counts(work_dir).get(t.id, 0) for t in tasks)
+    remaining = max(0, trials - done)
+    result = TuneResult(work_dir=work_dir, tasks=list(tasks))
+    model = make_cost_model(cost_model, model_path, seed)
+    start = time.time()
+    if remaining:
+        contexts = [tune_context(t, target, "evolutionary", seed + i) for i, t in enumerate(tasks)]
+        with tqdm(total=remaining, unit="trial", disable=not progress, dynamic_ncols=True,
+                  desc=f"tune[{cost_model}]") as bar:
+            ms.tune_tasks(
+                tasks=contexts,
+                task_weights=[t.weight for t in tasks],
+                work_dir=str(work_dir),
+                max_trials_global=remaining,
+                max_trials_per_task=None,
+                num_trials_per_iter=min(num_trials_per_iter, remaining),
+                builder=make_builder(),
+                runner=make_runner(settings, rpc),
+                database=db,
+                cost_model=model,
+                measure_callbacks=_callbacks(result, tasks, bar),
+                task_scheduler="gradient" if len(tasks) > 1 else "round-robin",
+            )
+    result.seconds = time.time() - start
+    result.cost_model_seconds = model.seconds_spent
+    _fill_best_from_database(result, work_dir)
+    if report:
+        write_report(result, work_dir)
+    return result
+
+
+def _fill_best_from_database(result: TuneResult, work_dir: Path) -> None:
+    """Best records of earlier (resumed) runs count too."""
+    from .dataset import load_dataset
+
+    ds = load_dataset(work_dir)
+    for t in result.tasks:
+        for traj in ds.by_task.get(t.id, []):
+            if traj.valid and (t.id not in result.best or traj.latency < result.best[t.id]["latency"]):
+                from .actions import trace_json_from_actions
+
+                result.best[t.id] = {"latency": traj.latency, "trace": trace_json_from_actions(traj.actions),
+                                     "trial": None}
+    for t in result.tasks:
+        if t.id in result.best:
+            result.best[t.id]["name"] = t.name
+            result.best[t.id]["gflops"] = t.flops / result.best[t.id]["latency"] / 1e9
+
+
+def schedule_text(task, trace_json) -> str:
+    """The best schedule as the Python of its trace."""
+    from tvm import s_tir
+
+    from .actions import actions_from_trace_json, replay
+
+    sch = replay(task.mod, actions_from_trace_json(trace_json))
+    return "\n".join(str(line) for line in sch.trace.as_python())
+
+
+def write_report(result: TuneResult, work_dir: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    atomic_write_text(work_dir / "report.json", json.dumps(result.as_json(), indent=1) + "\n")
+    points = [(i + 1, v) for i, v in enumerate(result.curve) if v is not None]
+    if points:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot([p[0] for p in points], [p[1] * 1e3 for p in points])
+        ax.set_xlabel("trial")
+        ax.set_ylabel("best weighted latency (ms)")
+        ax.set_title(", ".join(t.name for t in result.tasks)[:60])
+        fig.tight_layout()
+        fig.savefig(work_dir / "best_so_far.png", dpi=90)
+        plt.close(fig)
+    for t in result.tasks:
+        if t.id in result.best:
+            (work_dir / f"best_schedule_{t.id}.py").write_text(schedule_text(t, result.best[t.id]["trace"]) + "\n")
+
+
+def measure_median(task, trace_json, target=None, runs: int = 30, min_ms: float = 10.0) -> float:
+    """Re-measure one schedule carefully in this process: median of ``runs`` timed repeats."""
+    import numpy as np
+    import tvm
+
+    from .actions import actions_from_trace_json, replay
+    from .hardware import make_target
+    from .measure import build_without_tensor_intrin
+
+    target = target or make_target()
+    sch = replay(task.mod, actions_from_trace_json(trace_json))
+    lib = build_without_tensor_intrin(sch.mod, target, None)
+    dev = tvm.device(target.kind.name, 0)
+    args = []
+    for param in sch.mod["main"].params:
+        buf = sch.mod["main"].buffer_map[param]
+        shape = [int(x) for x in buf.shape]
+        args.append(tvm.runtime.tensor(np.random.rand(*shape).astype(buf.dtype), device=dev))
+    f = lib.time_evaluator(lib.entry_name if hasattr(lib, "entry_name") else "main", dev, number=1,
+                           repeat=runs, min_repeat_ms=min_ms)
+    return float(np.median(f(*args).results))

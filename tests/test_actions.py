@@ -1,0 +1,58 @@
+import json
+
+import tvm
+
+from cwm.actions import actions_from_trace_json, trace_to_json, changes_ir, replay, replay_states, trace_json_from_actions
+from cwm.dataset import load_dataset
+
+
+def _structurally_equal(a, b) -> bool:
+    from tvm_ffi import structural_equal
+
+    return structural_equal(a, b)
+
+
+def test_json_round_trip_and_replay_equality(tiny_db, tiny_task):
+    ds = load_dataset(tiny_db)
+    assert len(ds) == 16
+    for traj in ds.trajectories:
+        text = json.dumps(traj.actions)  # plain JSON
+        actions = json.loads(text)
+        trace_json = trace_json_from_actions(actions)
+        assert actions_from_trace_json(trace_json) == actions
+        a = replay(tiny_task.mod, actions).mod
+        b = replay(tiny_task.mod, traj.actions).mod
+        assert _structurally_equal(a, b)
+
+
+def test_replay_matches_the_database_schedule(tiny_db, tiny_task):
+    import tvm.s_tir.meta_schedule as ms
+
+    db = ms.database.JSONDatabase(work_dir=str(tiny_db), allow_missing=False)
+    records = db.get_all_tuning_records()
+    ds = load_dataset(tiny_db)
+    by_actions = {json.dumps(t.actions): t for t in ds.trajectories}
+    assert len(records) == len(ds)
+    for rec in records:  # the database returns records sorted by latency
+        traj = by_actions[json.dumps(actions_from_trace_json(trace_to_json(rec.trace)))]
+        sch = tvm.s_tir.Schedule(tiny_task.mod)
+        rec.trace.apply_to_schedule(sch, remove_postproc=False)
+        assert _structurally_equal(sch.mod, replay(tiny_task.mod, traj.actions).mod)
+
+
+def test_intermediate_states(tiny_db, tmp_path):
+    ds = load_dataset(tiny_db, cache_dir=tmp_path / "cache")
+    traj = ds.trajectories[0]
+    steps = traj.ir_steps
+    assert steps and all(changes_ir(traj.actions[s - 1]) for s in steps)
+    states = [ds.state(traj, s) for s in steps]
+    assert ds.state(traj, 0) == ds.initial_states[traj.task_id]
+    assert states[-1] == ds.final_state(traj) or steps[-1] != len(traj.actions)
+    # Every IR-changing step changes the text of at least one step later on, and splits do.
+    assert len(set(states)) > len(states) // 2
+    assert "T.parallel" in ds.final_state(traj) or "T.vectorized" in ds.final_state(traj)
+    # Cached on disk and served again.
+    assert any((tmp_path / "cache").rglob("*.tir"))
+    again = load_dataset(tiny_db, cache_dir=tmp_path / "cache")
+    assert again.state(again.trajectories[0], steps[0]) == states[0]
+    assert replay_states(ds.modules[traj.task_id], traj.actions, [steps[0]])[steps[0]] == states[0]

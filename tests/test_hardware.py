@@ -1,0 +1,54 @@
+import json
+
+import pytest
+
+from cwm.errors import CwmError
+from cwm.hardware import HARDWARE_FEATURE_NAMES, cuda_target_json, host_cpu, make_target
+
+
+def test_host_target_uses_the_cpu_name_and_physical_cores():
+    hw = host_cpu()
+    target = make_target()
+    d = json.loads(str(target))
+    assert d["kind"] == "llvm"
+    assert d["mcpu"] == hw.mcpu and hw.mcpu not in ("", "generic")
+    assert d["num-cores"] == hw.cores >= 1
+
+
+def test_hardware_features():
+    hw = host_cpu()
+    feats = hw.features()
+    assert len(feats) == len(HARDWARE_FEATURE_NAMES)
+    assert hw.simd_bits in (128, 256, 512)
+    assert hw.l2_kb > 0 and hw.l1d_kb > 0
+    assert hw.model
+
+
+def test_avx512_code_when_the_cpu_has_it():
+    import tvm
+    from tvm import te
+
+    hw = host_cpu()
+    if "avx512f" not in hw.flags:
+        pytest.skip("this CPU has no AVX-512")
+    n = 1024
+    A = te.placeholder((n,), name="A")
+    B = te.compute((n,), lambda i: A[i] * 2.0, name="B")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([A, B]))
+    (i,) = sch.get_loops(sch.get_sblock("B"))
+    _, inner = sch.split(i, [None, 16])
+    sch.vectorize(inner)
+    lib = tvm.compile(sch.mod, target=make_target())
+    assert "zmm" in lib.mod.inspect_source("asm")
+
+
+def test_cuda_target_description():
+    target = make_target(json.dumps(cuda_target_json()))
+    assert target.kind.name == "cuda"
+    assert make_target("cuda").kind.name == "cuda"
+
+
+@pytest.mark.parametrize("spec", ['{"kind": "nosuchkind"}', "{not json", '{"mcpu": "x"}', '{"kind": "llvm", "bogus": 1}'])
+def test_bad_target(spec):
+    with pytest.raises(CwmError):
+        make_target(spec)

@@ -1,0 +1,53 @@
+"""Measurement through TVM's RPC tracker, on loopback only."""
+
+import pytest
+
+from cwm.errors import CwmError
+from cwm.measure import RPCAddress
+
+
+@pytest.fixture(scope="module")
+def rpc_farm():
+    from tvm import rpc
+    from tvm.rpc.tracker import Tracker
+
+    tracker = Tracker(host="127.0.0.1", port=9190, port_end=9290, silent=True)
+    servers = [
+        rpc.Server(host="127.0.0.1", port=9300, port_end=9400, key="cwm-test",
+                          tracker_addr=("127.0.0.1", tracker.port), silent=True)
+        for _ in range(2)
+    ]
+    yield RPCAddress("127.0.0.1", tracker.port, "cwm-test")
+    for s in servers:
+        s.terminate()
+    tracker.terminate()
+
+
+def test_collect_through_rpc(tmp_path, tiny_task, rpc_farm):
+    from cwm.collect import collect
+    from cwm.database import load_raw
+
+    report = collect([tiny_task], tmp_path, n_random=4, n_evolutionary=0, batch=4, rpc=rpc_farm, progress=False)
+    assert report.measured == 4
+    raw = load_raw(tmp_path)
+    assert sum(r.valid for r in raw.records) == 4
+
+
+def test_tune_through_rpc_with_two_servers(tmp_path, tiny_task, rpc_farm):
+    from cwm.tuning import tune
+
+    result = tune(tiny_task, trials=8, work_dir=tmp_path, cost_model="random", rpc=rpc_farm,
+                  num_trials_per_iter=8, progress=False)
+    assert result.trials == 8
+    assert tiny_task.id in result.best
+
+
+def test_unreachable_tracker():
+    with pytest.raises(CwmError, match="unreachable"):
+        RPCAddress("127.0.0.1", 1, "x").check_reachable(timeout=1)
+
+
+@pytest.mark.parametrize("spec", ["nohost", "host:port:key", ":9190:key", "h:9190:"])
+def test_bad_rpc_spec(spec):
+    with pytest.raises(CwmError):
+        RPCAddress.parse(spec)
