@@ -249,8 +249,13 @@ def _num(x: Any) -> float | None:
     return None
 
 
+_LOG_TABLE = [math.log2(1.0 + i) for i in range(1025)]
+
+
 def _slog(x: float) -> float:
     """Sign-preserving ``log2(1 + |x|)``."""
+    if type(x) is int and 0 <= x <= 1024:
+        return _LOG_TABLE[x]
     a = min(abs(x), _BIG)
     v = math.log2(1.0 + a)
     return -v if x < 0 else v

@@ -445,7 +445,8 @@ def _contrastive_batches(labels: np.ndarray, batch_size: int, rng: np.random.Gen
         members = rng.permutation(np.flatnonzero(labels == g))
         parts = [members[i : i + per_group] for i in range(0, len(members), per_group)]
         if len(parts) > 1 and len(parts[-1]) == 1:  # a lone member would have no positive
-            parts[-2] = np.concatenate([parts[-2], parts.pop()])
+            lone = parts.pop()
+            parts[-1] = np.concatenate([parts[-1], lone])
         chunks.extend(parts)
     batches: list[list[np.ndarray]] = [[]]
     sizes = [0]

@@ -228,7 +228,7 @@ class TransitionModel(nn.Module):
             pad_rows = (~keep.t()).reshape(-1).nonzero().squeeze(1)
             if pad_rows.numel():
                 buf.index_fill_(0, pad_rows, 0.0)
-            buf = buf.index_copy(0, dst, raw).view(T, B, 2 * D)
+            buf = buf.index_copy_(0, dst, raw).view(T, B, 2 * D)
             u, d = buf[..., :D], buf[..., D:]
             # w = u / |u| (F.normalize semantics); padded rows: 0 * 1e24 = 0
             inv = 1.0 / (u * u).sum(-1, keepdim=True).clamp(min=1e-24)  # [T,B,1]
@@ -242,9 +242,9 @@ class TransitionModel(nn.Module):
             return (torch.stack(states, dim=1) if states is not None else None), z
 
         w_real, d_real, a_real = self.action_params(kind_real, flat_args.index_select(0, src))
-        w = w_real.new_zeros(T * B, D).index_copy(0, dst, w_real).view(T, B, D)
-        d = d_real.new_zeros(T * B, D).index_copy(0, dst, d_real).view(T, B, D)
-        a = a_real.new_zeros(T * B, a_real.shape[-1]).index_copy(0, dst, a_real).view(T, B, -1)
+        w = w_real.new_zeros(T * B, D).index_copy_(0, dst, w_real).view(T, B, D)
+        d = d_real.new_zeros(T * B, D).index_copy_(0, dst, d_real).view(T, B, D)
+        a = a_real.new_zeros(T * B, a_real.shape[-1]).index_copy_(0, dst, a_real).view(T, B, -1)
         keep_tm = keep.t().unsqueeze(-1)
         z = z0
         states = [z0] if return_all else None
@@ -606,7 +606,8 @@ class Transition:
     ) -> np.ndarray:
         """Like :meth:`predict` on a precomputed :func:`pad_batch` / :func:`encode_batch` output."""
         z0 = _as_z(z0, int(self.config.state_dim))
-        kind, args, mask = encoded_batch
+        kind, args, mask = (torch.as_tensor(x) for x in encoded_batch)
+        mask = mask.to(torch.bool)
         if kind.shape[0] != z0.shape[0]:
             raise CwmError(f"predict got {z0.shape[0]} z0 rows but {kind.shape[0]} trajectories")
         model = self._check_fitted()

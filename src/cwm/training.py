@@ -1,0 +1,223 @@
+"""Training the world model: E (contrastive), then F (rollout loss), then R (LambdaRank).
+
+The budget is set by ``TrainSettings``: states are subsampled per task so that the whole run
+fits in about an hour and a few GB on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import CwmError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainSettings:
+    # encoder
+    encoder_states_per_task: int = 24
+    encoder_epochs: int = 4
+    encoder_max_seconds: float = 1200.0
+    encoder_hidden: int = 64
+    encoder_layers: int = 2
+    encoder_window: int = 128
+    encoder_stride: int = 96
+    encoder_max_windows: int = 24
+    vocab_size: int = 2048
+    # transition
+    transition_trajectories_per_task: int = 32
+    transition_steps_per_trajectory: int = 4
+    transition_epochs: int = 40
+    transition_max_seconds: float = 600.0
+    # ranker
+    ranker_estimators: int = 300
+    seed: int = 0
+
+    @classmethod
+    def tiny(cls) -> "TrainSettings":
+        """Sizes for tests: seconds, not minutes."""
+        return cls(encoder_states_per_task=4, encoder_epochs=1, encoder_hidden=16, encoder_layers=1,
+                   encoder_window=32, encoder_stride=24, encoder_max_windows=6, vocab_size=300,
+                   transition_trajectories_per_task=4, transition_steps_per_trajectory=2,
+                   transition_epochs=3, ranker_estimators=20)
+
+
+@dataclass
+class TrainReport:
+    seconds: dict = field(default_factory=dict)
+    encoder_loss: list = field(default_factory=list)
+    transition_loss: list = field(default_factory=list)
+    ranker_history: dict = field(default_factory=dict)
+    validation: dict = field(default_factory=dict)
+    counts: dict = field(default_factory=dict)
+    peak_rss_mb: float = 0.0
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+
+def _rng(seed):
+    return np.random.default_rng(seed)
+
+
+def _sample(items, k, rng):
+    if len(items) <= k:
+        return list(items)
+    idx = rng.choice(len(items), size=k, replace=False)
+    return [items[i] for i in sorted(idx)]
+
+
+def _require_tasks(ds, name: str):
+    if not ds.trajectories:
+        raise CwmError(f"the {name} split has no valid records; collect data for its tasks first")
+
+
+def encoder_corpus(ds, per_task: int, rng) -> tuple[list[str], list[str]]:
+    """States for contrastive training: initial, intermediate and final states of each task."""
+    texts, groups = [], []
+    for tid, trajs in sorted(ds.by_task.items()):
+        texts.append(ds.initial_states[tid])
+        groups.append(tid)
+        for traj in _sample(trajs, per_task, rng):
+            steps = traj.ir_steps
+            step = int(rng.choice(steps)) if steps and rng.random() < 0.5 else len(traj.actions)
+            texts.append(ds.state(traj, step))
+            groups.append(tid)
+    return texts, groups
+
+
+def transition_data(ds, encoder, per_task: int, steps_per_traj: int, rng, progress: bool = True):
+    """(z0, actions, targets): targets map a step to E(true state after that many actions)."""
+    from tqdm import tqdm
+
+    chosen = []
+    for tid, trajs in sorted(ds.by_task.items()):
+        for traj in _sample(trajs, per_task, rng):
+            steps = traj.ir_steps
+            picked = sorted(set(_sample(steps[:-1], steps_per_traj, rng)) | {len(traj.actions)})
+            chosen.append((traj, picked))
+    texts, where = [], []
+    for i, (traj, steps) in enumerate(tqdm(chosen, desc="replay states", disable=not progress)):
+        for s in steps:
+            texts.append(ds.state(traj, s))
+            where.append((i, s))
+    vectors = encoder.encode(texts)
+    targets = [dict() for _ in chosen]
+    for (i, s), v in zip(where, vectors):
+        targets[i][s] = v
+    task_ids = sorted({t.task_id for t, _ in chosen})
+    initial = dict(zip(task_ids, encoder.encode([ds.initial_states[tid] for tid in task_ids])))
+    z0 = np.stack([initial[t.task_id] for t, _ in chosen])
+    return z0, [t.actions for t, _ in chosen], targets
+
+
+def ranker_arrays(model, ds, final_latents: dict | None = None):
+    """Features, latencies and group labels of every valid record of ``ds``, task by task."""
+    xs, lats, groups = [], [], []
+    for tid, trajs in sorted(ds.by_task.items()):
+        trajs = [t for t in trajs if t.valid]
+        if not trajs:
+            continue
+        finals = None
+        if final_latents is not None:
+            finals = np.stack([final_latents[t.record_index] for t in trajs])
+        xs.append(model.features(ds.initial_states[tid], [t.actions for t in trajs], ds.hardware, finals))
+        lats.extend(t.latency for t in trajs)
+        groups.extend([tid] * len(trajs))
+    if not xs:
+        raise CwmError("no valid records to build ranker features from")
+    return np.concatenate(xs), np.asarray(lats, dtype=float), np.asarray(groups)
+
+
+def fit_ranker(model, train_ds, val_ds, settings: TrainSettings, final_latents=None):
+    from .ranker import LambdaRanker, RankerConfig
+
+    X, y, g = ranker_arrays(model, train_ds, final_latents)
+    eval_set = ranker_arrays(model, val_ds, final_latents) if val_ds is not None and val_ds.trajectories else None
+    ranker = LambdaRanker(RankerConfig(n_estimators=settings.ranker_estimators, seed=settings.seed))
+    ranker.fit(X, y, g, eval_set=eval_set, feature_names=model.feature_names)
+    return ranker
+
+
+def train(db_dir, split: dict, out_dir, settings: TrainSettings | None = None, *, progress: bool = True,
+          cache_dir=None):
+    """Train E, F and R on the train split; returns (WorldModel, TrainReport) and saves to out_dir."""
+    import resource
+
+    import torch
+
+    from .dataset import load_dataset
+    from .encoder import EncoderConfig, StateEncoder
+    from .metrics import evaluate_ranking
+    from .ranker import LambdaRanker
+    from .transition import Transition, TransitionConfig
+    from .world_model import WorldModel, WorldModelConfig
+
+    settings = settings or TrainSettings()
+    out_dir = Path(out_dir)
+    rng = _rng(settings.seed)
+    torch.manual_seed(settings.seed)
+    report = TrainReport()
+    t0 = time.time()
+    ds = load_dataset(db_dir, cache_dir=cache_dir).valid()
+    train_ds = ds.subset(split["train"])
+    val_ds = ds.subset(split.get("val", []))
+    _require_tasks(train_ds, "train")
+    report.counts = {"train_tasks": len(train_ds.by_task), "train_records": len(train_ds),
+                     "val_tasks": len(val_ds.by_task), "val_records": len(val_ds)}
+
+    # 1. Encoder
+    t = time.time()
+    texts, groups = encoder_corpus(train_ds, settings.encoder_states_per_task, rng)
+    enc_cfg = EncoderConfig(vocab_size=settings.vocab_size, hidden_size=settings.encoder_hidden,
+                            num_layers=settings.encoder_layers, num_heads=4 if settings.encoder_hidden >= 32 else 2,
+                            intermediate_size=2 * settings.encoder_hidden, window=settings.encoder_window,
+                            stride=settings.encoder_stride, max_windows=settings.encoder_max_windows,
+                            seed=settings.seed)
+    encoder = StateEncoder(enc_cfg, cache_dir=cache_dir and Path(cache_dir) / "latents")
+    encoder.fit(texts, groups, epochs=settings.encoder_epochs, progress=progress,
+                max_seconds=settings.encoder_max_seconds)
+    report.encoder_loss = list(encoder.history_)
+    report.counts["encoder_states"] = len(texts)
+    report.seconds["encoder"] = time.time() - t
+
+    # 2. Transition
+    t = time.time()
+    z0, actions, targets = transition_data(train_ds, encoder, settings.transition_trajectories_per_task,
+                                           settings.transition_steps_per_trajectory, rng, progress)
+    transition = Transition(TransitionConfig(state_dim=encoder.dim, epochs=settings.transition_epochs,
+                                             seed=settings.seed))
+    transition.fit(z0, actions, targets, progress=progress, max_seconds=settings.transition_max_seconds)
+    report.transition_loss = [h.get("loss") for h in transition.history_]
+    report.counts["transition_trajectories"] = len(actions)
+    report.counts["transition_targets"] = int(sum(len(x) for x in targets))
+    report.seconds["transition"] = time.time() - t
+
+    # 3. Ranker on the rolled-out latents
+    t = time.time()
+    model = WorldModel(encoder, transition, LambdaRanker(),
+                       WorldModelConfig(latent="rollout", hardware=ds.hardware))
+    model.ranker = fit_ranker(model, train_ds, val_ds, settings)
+    report.ranker_history = {split: {metric: values[-1] for metric, values in evals.items() if values}
+                             for split, evals in model.ranker.history_.items()}
+    report.seconds["ranker"] = time.time() - t
+    if val_ds.trajectories:
+        X, y, g = ranker_arrays(model, val_ds)
+        weights = {tid: ds.tasks[tid].weight for tid in val_ds.by_task}
+        report.validation = evaluate_ranking(model.ranker.predict(X), y, g, weights)
+    report.seconds["total"] = time.time() - t0
+    report.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    model.config.trained_on = {"database": str(db_dir), **report.counts, "settings": asdict(settings)}
+    model.config.metrics = {"validation": report.validation}
+    model.save(out_dir)
+    from .database import atomic_write_text
+
+    atomic_write_text(out_dir / "train_report.json", json.dumps(report.as_json(), indent=1, default=float) + "\n")
+    return model, report

@@ -1,0 +1,176 @@
+"""The world model: encoder E, transition F and ranker R behind one predict call.
+
+A candidate is scored from its task's initial TensorIR (encoded once per task, cached) and its
+action sequence (rolled out in latent space), never from its materialized final code.
+
+The ``latent`` setting chooses what stands for the terminal state in the ranker's features:
+``rollout`` (the world model), or the ablations ``final`` (E of the real final state, the
+static snapshot) and ``initial`` (E of the initial state only). All variants also get the
+structured action features and the hardware features, so they differ only in the latent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from .errors import CwmError
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+CONFIG_FILE = "world_model.json"
+LATENTS = ("rollout", "final", "initial", "none")
+
+
+def feature_names(latent_dim: int, latent: str) -> list[str]:
+    from .action_features import STRUCT_NAMES
+    from .hardware import HARDWARE_FEATURE_NAMES
+
+    z = [] if latent == "none" else [f"z{i}" for i in range(latent_dim)]
+    return z + [f"act:{n}" for n in STRUCT_NAMES] + [f"hw:{n}" for n in HARDWARE_FEATURE_NAMES]
+
+
+def layout_id(names: list[str]) -> str:
+    return hashlib.sha1("\n".join(names).encode()).hexdigest()[:12]
+
+
+def default_model_dir() -> Path:
+    return Path(str(resources.files("cwm") / "pretrained" / "default"))
+
+
+@dataclass
+class WorldModelConfig:
+    latent: str = "rollout"
+    hardware: dict = field(default_factory=dict)  # the machine the training data came from
+    trained_on: dict = field(default_factory=dict)  # dataset summary, for the record
+    metrics: dict = field(default_factory=dict)
+
+
+class WorldModel:
+    """E + F + R. ``predict(initial_text, actions_list)`` returns scores, higher is faster."""
+
+    def __init__(self, encoder, transition, ranker, config: WorldModelConfig | None = None):
+        self.encoder = encoder
+        self.transition = transition
+        self.ranker = ranker
+        self.config = config or WorldModelConfig()
+        if self.config.latent not in LATENTS:
+            raise CwmError(f"unknown latent {self.config.latent!r}; choose one of {LATENTS}")
+        self._z0_cache: dict[str, np.ndarray] = {}
+
+    # -- features -------------------------------------------------------------------------
+    @property
+    def latent_dim(self) -> int:
+        return self.encoder.dim
+
+    @property
+    def feature_names(self) -> list[str]:
+        return feature_names(self.latent_dim, self.config.latent)
+
+    def initial_latent(self, initial_text: str) -> np.ndarray:
+        """E(s0), computed once per distinct initial state."""
+        key = hashlib.sha1(initial_text.encode()).hexdigest()
+        if key not in self._z0_cache:
+            self._z0_cache[key] = self.encoder.encode([initial_text])[0]
+        return self._z0_cache[key]
+
+    def hardware_vector(self, hardware: dict | None) -> np.ndarray:
+        from .hardware import HARDWARE_FEATURE_NAMES
+
+        hw = dict(hardware or self.config.hardware)
+        hw.setdefault("is_gpu", 1 if hw.get("kind") == "cuda" else 0)
+        return np.array([float(hw.get(n, 0) or 0) for n in HARDWARE_FEATURE_NAMES], dtype=np.float32)
+
+    def features(self, initial_text: str, actions_list: list[list[dict]], hardware: dict | None = None,
+                 final_latents: np.ndarray | None = None) -> np.ndarray:
+        """Ranker features of candidates that share one initial state."""
+        from .action_features import structured_features
+
+        n = len(actions_list)
+        parts = []
+        latent = self.config.latent
+        if latent == "rollout":
+            z0 = np.repeat(self.initial_latent(initial_text)[None, :], n, axis=0)
+            parts.append(self.transition.predict(z0, actions_list).astype(np.float32))
+        elif latent == "initial":
+            parts.append(np.repeat(self.initial_latent(initial_text)[None, :], n, axis=0))
+        elif latent == "final":
+            if final_latents is None:
+                raise CwmError("the final-state ablation needs the encoded final states")
+            parts.append(np.asarray(final_latents, dtype=np.float32))
+        parts.append(np.stack([structured_features(a) for a in actions_list]).astype(np.float32)
+                     if n else np.zeros((0, len(self.feature_names)), np.float32))
+        parts.append(np.repeat(self.hardware_vector(hardware)[None, :], n, axis=0))
+        return np.concatenate(parts, axis=1)
+
+    def predict(self, initial_text: str, actions_list: list[list[dict]], hardware: dict | None = None,
+                final_latents: np.ndarray | None = None) -> np.ndarray:
+        if not actions_list:
+            return np.zeros(0, dtype=np.float32)
+        return self.ranker.predict(self.features(initial_text, actions_list, hardware, final_latents))
+
+    # -- persistence ----------------------------------------------------------------------
+    def save(self, directory: str | Path) -> Path:
+        from .database import atomic_write_text
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.encoder.save(directory / "encoder")
+        if self.transition is not None:
+            self.transition.save(directory / "transition")
+        self.ranker.save(directory / "ranker")
+        names = self.feature_names
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "latent": self.config.latent,
+            "latent_dim": self.latent_dim,
+            "feature_layout": layout_id(names),
+            "n_features": len(names),
+            "hardware": self.config.hardware,
+            "trained_on": self.config.trained_on,
+            "metrics": self.config.metrics,
+        }
+        atomic_write_text(directory / CONFIG_FILE, json.dumps(meta, indent=1) + "\n")
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path | None = None) -> "WorldModel":
+        """Load a model directory; with no argument, the model shipped inside the package."""
+        from .encoder import StateEncoder
+        from .ranker import LambdaRanker
+        from .transition import Transition
+
+        directory = Path(directory) if directory is not None else default_model_dir()
+        cfg_path = directory / CONFIG_FILE
+        if not directory.exists():
+            raise CwmError(f"world model directory {directory} does not exist")
+        if not cfg_path.exists():
+            raise CwmError(f"{cfg_path} is missing: {directory} is not a world model directory")
+        try:
+            meta = json.loads(cfg_path.read_text())
+        except json.JSONDecodeError as err:
+            raise CwmError(f"{cfg_path} is corrupt: {err}") from None
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise CwmError(f"{cfg_path} has format version {meta.get('format_version')}, "
+                           f"this cwm reads version {FORMAT_VERSION}")
+        latent = meta.get("latent", "rollout")
+        names = feature_names(int(meta.get("latent_dim", 0)), latent)
+        if meta.get("feature_layout") != layout_id(names):
+            raise CwmError(f"{cfg_path} was trained for another feature layout "
+                           f"({meta.get('feature_layout')}, this cwm uses {layout_id(names)}); retrain it")
+        encoder = StateEncoder.load(directory / "encoder")
+        transition = Transition.load(directory / "transition") if latent == "rollout" else None
+        ranker = LambdaRanker.load(directory / "ranker")
+        if ranker.n_features_ != len(names):
+            raise CwmError(f"{directory / 'ranker'} expects {ranker.n_features_} features, "
+                           f"the layout has {len(names)}")
+        config = WorldModelConfig(latent=latent, hardware=meta.get("hardware", {}),
+                                  trained_on=meta.get("trained_on", {}), metrics=meta.get("metrics", {}))
+        return cls(encoder, transition, ranker, config)
