@@ -141,6 +141,61 @@ def tune(
     typer.echo(f"report: {work_dir / 'report.json'}, curve: {work_dir / 'best_so_far.png'}")
 
 
+@app.command()
+def train(
+    db: Path = typer.Option(..., "--db", help="MetaSchedule JSON database directory."),
+    split: Path = typer.Option(..., "--split", help="Split JSON (see `cwm dataset split`)."),
+    out: Path = typer.Option(..., "--out", help="Model directory to write."),
+    tiny: bool = typer.Option(False, help="Tiny sizes, for tests and smoke runs."),
+    encoder_checkpoint: Optional[Path] = typer.Option(None, help="Local RoBERTa checkpoint directory to start E from."),
+    cache_dir: Optional[Path] = typer.Option(None, help="Cache for replayed states and latents."),
+    seed: int = typer.Option(0),
+):
+    """Train E (contrastive), F (rollout loss) and R (LambdaRank) on the train split."""
+    from .dataset import load_split
+    from .training import TrainSettings, train as run_train
+
+    _quiet_tvm_logs()
+    logging.getLogger("cwm").setLevel(logging.INFO)
+    settings = TrainSettings.tiny() if tiny else TrainSettings()
+    settings.seed = seed
+    if encoder_checkpoint:
+        settings.encoder_checkpoint = str(encoder_checkpoint)
+    _, report = run_train(db, load_split(split), out, settings, cache_dir=cache_dir)
+    typer.echo(json.dumps({"seconds": report.seconds, "validation": report.validation,
+                           "peak_rss_mb": round(report.peak_rss_mb)}, default=float))
+    typer.echo(f"model written to {out}")
+
+
+@app.command("eval")
+def evaluate(
+    db: Path = typer.Option(..., "--db", help="MetaSchedule JSON database directory."),
+    split: Path = typer.Option(..., "--split", help="Split JSON."),
+    model: Optional[Path] = typer.Option(None, help="World model directory (default: the shipped model)."),
+    out: Path = typer.Option(Path("benchmarks/results/eval"), help="Where to write eval.json and eval.png."),
+    tiny: bool = typer.Option(False, help="Tiny ablation rankers, for tests."),
+    cache_dir: Optional[Path] = typer.Option(None),
+):
+    """Offline ranking evaluation on the test tasks against xgb-static and the ablations."""
+    from .dataset import load_split
+    from .evaluation import evaluate as run_eval
+    from .training import TrainSettings
+    from .world_model import default_model_dir
+
+    _quiet_tvm_logs()
+    settings = TrainSettings.tiny() if tiny else TrainSettings()
+    report = run_eval(model or default_model_dir(), db, load_split(split), out, settings=settings,
+                      final_per_task=8 if tiny else 64, throughput_batch=64 if tiny else 512, cache_dir=cache_dir)
+    for name, m in report["metrics"].items():
+        typer.echo(f"{name:<14} pairwise {m['pairwise_accuracy']:.3f}  ndcg@10 {m['ndcg@10']:.3f}  "
+                   f"top1 {m['top1']:.3f}  top5 {m['top5']:.3f}")
+    t = report["throughput"]
+    typer.echo(f"throughput: cwm {t['cwm_candidates_per_second']:.0f}/s, xgb-static "
+               f"{t['xgb-static_candidates_per_second']:.0f}/s ({t['speedup']:.1f}x); "
+               f"2048 candidates in {t['predict_2048_seconds']:.3f} s")
+    typer.echo(f"report: {out / 'eval.json'}")
+
+
 @dataset_app.command("stats")
 def dataset_stats(
     db: Path = typer.Option(..., "--db", help="MetaSchedule JSON database directory."),

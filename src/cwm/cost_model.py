@@ -36,3 +36,137 @@ class TimedCostModel(ms.cost_model.PyCostModel):
         self.seconds_spent += time.perf_counter() - start
         self.predicted += len(candidates)
         return scores
+
+
+def _positive_scores(raw: np.ndarray) -> np.ndarray:
+    """Map ranking scores to (0, 1]: MetaSchedule samples candidates in proportion to them."""
+    raw = np.asarray(raw, dtype=np.float64)
+    if raw.size == 0:
+        return raw.astype(np.float32)
+    z = (raw - raw.mean()) / (raw.std() + 1e-9)
+    return np.exp(np.clip(z - z.max(), -20.0, 0.0)).astype(np.float32)
+
+
+def candidate_actions(candidates) -> list[list[dict]]:
+    from .actions import actions_from_trace_json, trace_to_json
+
+    return [actions_from_trace_json(trace_to_json(c.sch.trace)) for c in candidates]
+
+
+@derived_object
+class WorldModelCostModel(ms.cost_model.PyCostModel):
+    """MetaSchedule cost model backed by the world model.
+
+    predict: E(s0) once per task (cached), each candidate's trace as actions, batched rollout,
+    LambdaRank scores. update: keep the measured candidates of each task and continue boosting
+    a copy of the pretrained ranker on them (the transition and encoder stay frozen).
+    """
+
+    def __init__(self, model, *, online: bool = True, update_rounds: int = 20, min_update: int = 8,
+                 hardware: dict | None = None, seed: int = 0):
+        super().__init__()
+        self.model = model
+        self.online = online
+        self.update_rounds = update_rounds
+        self.min_update = min_update
+        self.hardware = hardware
+        self.seed = seed
+        self._initial: dict[int, str] = {}
+        self.measured: dict[str, dict[str, list]] = {}  # task key -> {"X": [...], "latency": [...]}
+        self.adapted: dict[str, object] = {}  # task key -> adapted ranker
+
+    def _task(self, context) -> tuple[str, str]:
+        from .workloads.task import task_id_of
+
+        key = id(context.mod)
+        if key not in self._initial:
+            self._initial[key] = (task_id_of(context.mod), context.mod.script())
+        return self._initial[key]
+
+    def _hardware(self, context) -> dict | None:
+        if self.hardware is None and context.target is not None:
+            from .hardware import hardware_for_target
+
+            self.hardware = hardware_for_target(context.target).as_json()
+        return self.hardware
+
+    def _features(self, context, candidates) -> tuple[str, np.ndarray]:
+        tid, text = self._task(context)
+        return tid, self.model.features(text, candidate_actions(candidates), self._hardware(context))
+
+    def predict(self, context, candidates) -> np.ndarray:
+        if not candidates:
+            return np.zeros(0, dtype=np.float32)
+        tid, X = self._features(context, candidates)
+        ranker = self.adapted.get(tid, self.model.ranker)
+        return _positive_scores(ranker.predict(X))
+
+    def update(self, context, candidates, results) -> None:
+        if not self.online or not candidates:
+            return
+        tid, X = self._features(context, candidates)
+        store = self.measured.setdefault(tid, {"X": [], "latency": []})
+        for row, res in zip(X, results):
+            secs = [float(s) for s in res.run_secs] if res.run_secs is not None else []
+            if res.error_msg is None and secs and all(0 < s < 1e9 for s in secs):
+                store["X"].append(row)
+                store["latency"].append(float(np.median(secs)))
+        if len(store["latency"]) < self.min_update:
+            return
+        import copy
+
+        ranker = copy.deepcopy(self.model.ranker)
+        n = len(store["latency"])
+        ranker.update(np.stack(store["X"]), np.asarray(store["latency"]), np.array([tid] * n),
+                      num_boost_round=self.update_rounds)
+        self.adapted[tid] = ranker
+
+    def save(self, path: str) -> None:
+        """The per-task measured features (the online state); the base model is saved separately."""
+        payload = {f"{tid}/X": np.stack(v["X"]) for tid, v in self.measured.items() if v["X"]}
+        payload.update({f"{tid}/latency": np.asarray(v["latency"]) for tid, v in self.measured.items() if v["X"]})
+        with open(path, "wb") as f:
+            np.savez(f, **payload)
+
+    def load(self, path: str) -> None:
+        with np.load(path) as data:
+            tids = {k.split("/")[0] for k in data.files}
+            self.measured = {t: {"X": list(data[f"{t}/X"]), "latency": list(data[f"{t}/latency"])} for t in tids}
+        self.adapted = {}
+        for tid, store in self.measured.items():
+            import copy
+
+            ranker = copy.deepcopy(self.model.ranker)
+            n = len(store["latency"])
+            if n >= self.min_update:
+                ranker.update(np.stack(store["X"]), np.asarray(store["latency"]), np.array([tid] * n),
+                              num_boost_round=self.update_rounds)
+                self.adapted[tid] = ranker
+
+
+def measure_candidates(mod, actions_list) -> list:
+    """MetaSchedule MeasureCandidates of recorded action sequences on ``mod``."""
+    from .actions import replay
+
+    args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    return [ms.MeasureCandidate(replay(mod, actions), args_info) for actions in actions_list]
+
+
+def runner_results(latencies) -> list:
+    return [ms.runner.RunnerResult(run_secs=[float(x)], error_msg=None) for x in latencies]
+
+
+def pretrain_xgb(ds, target, seed: int = 0, progress: bool = True):
+    """MetaSchedule's XGBModel (PerStoreFeature) trained on a dataset's valid records."""
+    from tqdm import tqdm
+    from tvm.s_tir.meta_schedule.cost_model.xgb_model import XGBConfig
+
+    model = ms.cost_model.XGBModel(config=XGBConfig(seed=seed), adaptive_training=False, verbose_eval=10**6)
+    for tid, trajs in tqdm(sorted(ds.by_task.items()), desc="xgb-static features", disable=not progress):
+        trajs = [t for t in trajs if t.valid]
+        if not trajs:
+            continue
+        ctx = ms.TuneContext(mod=ds.modules[tid], target=target, task_name=tid)
+        cands = measure_candidates(ds.modules[tid], [t.actions for t in trajs])
+        model.update(ctx, cands, runner_results([t.latency for t in trajs]))
+    return model

@@ -39,6 +39,8 @@ class TrainSettings:
     # ranker
     ranker_estimators: int = 300
     seed: int = 0
+    # a local Hugging Face RoBERTa checkpoint directory (e.g. codebert-base) to start E from
+    encoder_checkpoint: str | None = None
 
     @classmethod
     def tiny(cls) -> "TrainSettings":
@@ -181,7 +183,11 @@ def train(db_dir, split: dict, out_dir, settings: TrainSettings | None = None, *
                             intermediate_size=2 * settings.encoder_hidden, window=settings.encoder_window,
                             stride=settings.encoder_stride, max_windows=settings.encoder_max_windows,
                             seed=settings.seed)
-    encoder = StateEncoder(enc_cfg, cache_dir=cache_dir and Path(cache_dir) / "latents")
+    latent_cache = cache_dir and Path(cache_dir) / "latents"
+    if settings.encoder_checkpoint:
+        encoder = StateEncoder.from_pretrained_checkpoint(settings.encoder_checkpoint, cache_dir=latent_cache)
+    else:
+        encoder = StateEncoder(enc_cfg, cache_dir=latent_cache)
     encoder.fit(texts, groups, epochs=settings.encoder_epochs, progress=progress,
                 max_seconds=settings.encoder_max_seconds)
     report.encoder_loss = list(encoder.history_)
