@@ -36,3 +36,43 @@ def tiny_db(tmp_path_factory, tiny_task):
     db = tmp_path_factory.mktemp("tinydb")
     collect([tiny_task], db, n_random=8, n_evolutionary=8, batch=8, progress=False)
     return db
+
+
+MULTI = ["matmul:M=32,N=32,K=32", "dense_relu:M=16,N=32,K=32", "softmax:M=32,N=64",
+         "batch_matmul:B=2,M=16,N=16,K=16"]
+
+
+@pytest.fixture(scope="session")
+def multi_db(tmp_path_factory):
+    """Four tiny tasks with 12 measured candidates each."""
+    from cwm.collect import collect
+    from cwm.workloads import get_task
+
+    db = tmp_path_factory.mktemp("multidb")
+    collect([get_task(n) for n in MULTI], db, n_random=8, n_evolutionary=4, batch=8, progress=False)
+    return db
+
+
+@pytest.fixture(scope="session")
+def multi_split(multi_db, tmp_path_factory):
+    import json
+
+    from cwm.dataset import load_dataset
+
+    ds = load_dataset(multi_db)
+    by_name = {info.name: tid for tid, info in ds.tasks.items()}
+    split = {"train": [by_name[MULTI[0]], by_name[MULTI[1]]], "val": [by_name[MULTI[2]]],
+             "test": [by_name[MULTI[3]]]}
+    path = tmp_path_factory.mktemp("split") / "split.json"
+    path.write_text(json.dumps(split))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model(multi_db, multi_split, tmp_path_factory):
+    from cwm.dataset import load_split
+    from cwm.training import TrainSettings, train
+
+    out = tmp_path_factory.mktemp("model")
+    train(multi_db, load_split(multi_split), out, TrainSettings.tiny(), progress=False)
+    return out

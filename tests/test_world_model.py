@@ -1,0 +1,130 @@
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from cwm.errors import CwmError
+
+
+def test_train_and_eval_cli_end_to_end(multi_db, multi_split, tmp_path):
+    from typer.testing import CliRunner
+
+    from cwm.cli import app
+
+    model_dir = tmp_path / "model"
+    result = CliRunner().invoke(app, ["train", "--db", str(multi_db), "--split", str(multi_split),
+                                      "--out", str(model_dir), "--tiny"])
+    assert result.exit_code == 0, result.output
+    for name in ("world_model.json", "encoder/encoder.safetensors", "encoder/tokenizer.json",
+                 "transition/transition.safetensors", "ranker/ranker.json", "train_report.json"):
+        assert (model_dir / name).exists(), name
+    report = json.loads((model_dir / "train_report.json").read_text())
+    assert report["transition_loss"][-1] < report["transition_loss"][0]
+    out = tmp_path / "eval"
+    result = CliRunner().invoke(app, ["eval", "--db", str(multi_db), "--split", str(multi_split),
+                                      "--model", str(model_dir), "--out", str(out), "--tiny"])
+    assert result.exit_code == 0, result.output
+    ev = json.loads((out / "eval.json").read_text())
+    assert set(ev["metrics"]) == {"cwm", "xgb-static", "final-state", "initial-state", "random"}
+    for m in ev["metrics"].values():
+        assert 0.0 <= m["pairwise_accuracy"] <= 1.0 and 0.0 < m["top1"] <= 1.0
+    assert ev["throughput"]["cwm_candidates_per_second"] > 0
+    assert (out / "eval.png").stat().st_size > 1000
+
+
+def test_save_load_gives_identical_predictions(tiny_model, multi_db, tmp_path):
+    from cwm.dataset import load_dataset
+    from cwm.world_model import WorldModel
+
+    ds = load_dataset(multi_db).valid()
+    model = WorldModel.load(tiny_model)
+    tid = sorted(ds.by_task)[0]
+    actions = [t.actions for t in ds.by_task[tid]]
+    a = model.predict(ds.initial_states[tid], actions)
+    model.save(tmp_path / "copy")
+    b = WorldModel.load(tmp_path / "copy").predict(ds.initial_states[tid], actions)
+    assert a.shape == (len(actions),) and np.array_equal(a, b)
+    assert np.std(a) > 0  # it discriminates between candidates
+
+
+def test_broken_model_directories(tiny_model, tmp_path):
+    from cwm.world_model import WorldModel
+
+    broken = tmp_path / "m"
+    shutil.copytree(tiny_model, broken)
+    (broken / "ranker" / "ranker.json").unlink()
+    with pytest.raises(CwmError, match="ranker.json"):
+        WorldModel.load(broken)
+    other = tmp_path / "layout"
+    shutil.copytree(tiny_model, other)
+    meta = json.loads((other / "world_model.json").read_text())
+    meta["feature_layout"] = "0123456789ab"
+    (other / "world_model.json").write_text(json.dumps(meta))
+    with pytest.raises(CwmError, match="feature layout"):
+        WorldModel.load(other)
+    with pytest.raises(CwmError, match="does not exist"):
+        WorldModel.load(tmp_path / "nothing")
+
+
+def test_empty_split_is_a_clear_error(multi_db, tmp_path):
+    from cwm.training import TrainSettings, train
+
+    with pytest.raises(CwmError, match="no valid records"):
+        train(multi_db, {"train": [], "val": [], "test": []}, tmp_path, TrainSettings.tiny(), progress=False)
+
+
+def test_cost_model_predict_update_save_load(tiny_model, multi_db, tmp_path):
+    import tvm.s_tir.meta_schedule as ms
+
+    from cwm.cost_model import WorldModelCostModel, measure_candidates, runner_results
+    from cwm.dataset import load_dataset
+    from cwm.hardware import make_target
+    from cwm.world_model import WorldModel
+
+    ds = load_dataset(multi_db).valid()
+    tid = sorted(ds.by_task)[0]
+    trajs = ds.by_task[tid]
+    cands = measure_candidates(ds.modules[tid], [t.actions for t in trajs])
+    ctx = ms.TuneContext(mod=ds.modules[tid], target=make_target(), task_name="t")
+    cm = WorldModelCostModel(WorldModel.load(tiny_model), min_update=4)
+    before = cm.predict(ctx, cands)
+    assert before.shape == (len(cands),) and (before > 0).all() and (before <= 1).all()
+    cm.update(ctx, cands, runner_results([t.latency for t in trajs]))
+    assert tid in cm.adapted
+    after = cm.predict(ctx, cands)
+    path = tmp_path / "cm.npz"
+    cm.save(str(path))
+    cm2 = WorldModelCostModel(WorldModel.load(tiny_model), min_update=4)
+    cm2.load(str(path))
+    assert np.array_equal(after, cm2.predict(ctx, cands))
+
+
+@pytest.mark.parametrize("cost_model", ["cwm", "xgb", "random"])
+def test_eight_trial_tune_gives_a_valid_database(cost_model, tiny_model, tmp_path):
+    from cwm.database import load_raw
+    from cwm.tuning import tune
+    from cwm.workloads import get_task
+
+    task = get_task("matmul:M=32,N=32,K=32")
+    result = tune(task, trials=8, work_dir=tmp_path, cost_model=cost_model, model_path=tiny_model,
+                  num_trials_per_iter=8, progress=False)
+    raw = load_raw(tmp_path)
+    assert len(raw.records) == 8 and sum(r.valid for r in raw.records) >= 6
+    assert result.best[task.id]["latency"] > 0
+    assert (tmp_path / "report.json").exists() and (tmp_path / "best_so_far.png").exists()
+
+
+def test_tune_a_tvmscript_file(tiny_model, tmp_path):
+    from typer.testing import CliRunner
+
+    from cwm.cli import app
+    from cwm.workloads import get_task
+
+    path = tmp_path / "kernel.py"
+    path.write_text(get_task("matmul:M=16,N=16,K=16").mod.script())
+    result = CliRunner().invoke(app, ["tune", "--tir", str(path), "--trials", "4", "--per-iter", "4",
+                                      "--cost-model", "cwm", "--model", str(tiny_model),
+                                      "--work-dir", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert "file:kernel.py: best" in result.output
