@@ -15,8 +15,10 @@ from .errors import CwmError
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Compiler world models for tensor program search.")
 workloads_app = typer.Typer(no_args_is_help=True, help="Operator registry and networks.")
 dataset_app = typer.Typer(no_args_is_help=True, help="Action-state trajectory dataset.")
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks writing JSON, PNG and markdown under benchmarks/results/.")
 app.add_typer(workloads_app, name="workloads")
 app.add_typer(dataset_app, name="dataset")
+app.add_typer(bench_app, name="bench")
 
 
 def _fail(message: str) -> None:
@@ -194,6 +196,39 @@ def evaluate(
                f"{t['xgb-static_candidates_per_second']:.0f}/s ({t['speedup']:.1f}x); "
                f"2048 candidates in {t['predict_2048_seconds']:.3f} s")
     typer.echo(f"report: {out / 'eval.json'}")
+
+
+@bench_app.command("search")
+def bench_search(
+    subgraphs: list[str] = typer.Argument(None, help="Workloads (default: the 12-subgraph set)."),
+    budget: int = typer.Option(64, help="Trials per run."),
+    large_budget: Optional[int] = typer.Option(None, help="Also run xgb at this budget and cwm at a tenth of it."),
+    seeds: int = typer.Option(3, help="Seeds per contender (at least 3 for a report)."),
+    contenders: str = typer.Option(",".join(("cwm", "xgb", "xgb-pretrained", "random")), help="Comma-separated."),
+    model: Optional[Path] = typer.Option(None, help="World model directory (default: the shipped model)."),
+    db: Path = typer.Option(Path("data/reference/db"), help="Training database (for xgb-pretrained)."),
+    split: Path = typer.Option(Path("data/reference/split.json"), help="Split (for xgb-pretrained)."),
+    out: Path = typer.Option(Path("benchmarks/results/search")),
+    work_root: Path = typer.Option(Path("runs/bench_search"), help="Per-run databases (resumable)."),
+    per_iter: int = typer.Option(32, help="num_trials_per_iter of the search."),
+    remeasure_runs: int = typer.Option(30, help="Interleaved re-measurements of each final best."),
+):
+    """Fixed-budget search against MetaSchedule's XGBoost model, interleaved, >= 3 seeds."""
+    from .benchmarks.search import DEFAULT_SUBGRAPHS, run_search_benchmark
+    from .dataset import load_split
+    from .world_model import default_model_dir
+
+    _quiet_tvm_logs()
+    chosen = [c.strip() for c in contenders.split(",") if c.strip()]
+    summary = run_search_benchmark(
+        subgraphs or DEFAULT_SUBGRAPHS, out, budget=budget, large_budget=large_budget, seeds=tuple(range(seeds)),
+        contenders=chosen, model_path=model or default_model_dir(), train_db=db,
+        split=load_split(split) if "xgb-pretrained" in chosen else None, work_root=work_root,
+        num_trials_per_iter=per_iter, remeasure_runs=remeasure_runs)
+    for c, o in summary["overall"].items():
+        typer.echo(f"{c:<15} geomean speed-up vs xgb {o['geomean_speedup_vs_xgb']:.3f}x "
+                   f"(min {o['min']:.2f}, max {o['max']:.2f})")
+    typer.echo(f"report: {out / 'search.json'}, {out / 'search.md'}, {out / 'search.png'}")
 
 
 @dataset_app.command("stats")

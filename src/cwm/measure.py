@@ -107,3 +107,27 @@ def error_kind(builder_error: str | None, runner_error: str | None) -> str | Non
     if runner_error:
         return "run_timeout" if "Timeout" in runner_error or "timeout" in runner_error else "run_error"
     return None
+
+
+def random_arguments(mod, device) -> list:
+    """Random input/output tensors matching the PrimFunc "main" of ``mod``."""
+    import numpy as np
+    import tvm
+    import tvm.s_tir.meta_schedule as ms
+
+    args = []
+    for info in ms.arg_info.ArgInfo.from_prim_func(mod["main"]):
+        shape = [int(x) for x in info.shape]
+        args.append(tvm.runtime.tensor(np.random.rand(*shape).astype(str(info.dtype)), device=device))
+    return args
+
+
+def compile_schedule(task, trace_json, target):
+    """Build the schedule a trace gives on a task's module; returns (runtime module, arguments)."""
+    import tvm
+
+    from .actions import actions_from_trace_json, replay
+
+    sch = replay(task.mod, actions_from_trace_json(trace_json))
+    lib = build_without_tensor_intrin(sch.mod, target, None)
+    return lib, random_arguments(sch.mod, tvm.device("cuda" if target.kind.name == "cuda" else "cpu", 0))

@@ -19,7 +19,7 @@ from .measure import EvaluatorSettings, error_kind, make_builder, make_runner
 
 log = logging.getLogger(__name__)
 
-COST_MODELS = ("cwm", "xgb", "random")
+COST_MODELS = ("cwm", "xgb", "xgb-pretrained", "random")
 
 
 @dataclass
@@ -52,6 +52,8 @@ class TuneResult:
 
 
 def make_cost_model(kind: str, model_path=None, seed: int = 0):
+    """A timed cost model by name; ``model_path`` is the world model directory for ``cwm`` and
+    the saved XGBModel file for ``xgb-pretrained``."""
     import tvm.s_tir.meta_schedule as ms
 
     from tvm.s_tir.meta_schedule.cost_model.xgb_model import XGBConfig
@@ -60,6 +62,12 @@ def make_cost_model(kind: str, model_path=None, seed: int = 0):
 
     if kind == "xgb":
         return TimedCostModel(ms.cost_model.XGBModel(config=XGBConfig(seed=seed)))
+    if kind == "xgb-pretrained":
+        if model_path is None or not Path(model_path).exists():
+            raise CwmError(f"xgb-pretrained needs a saved XGBModel file, got {model_path}")
+        model = ms.cost_model.XGBModel(config=XGBConfig(seed=seed))
+        model.load(str(model_path))
+        return TimedCostModel(model)
     if kind == "random":
         return TimedCostModel(ms.cost_model.RandomModel(seed=seed))
     if kind == "cwm":
@@ -234,19 +242,10 @@ def measure_median(task, trace_json, target=None, runs: int = 30, min_ms: float 
     import numpy as np
     import tvm
 
-    from .actions import actions_from_trace_json, replay
     from .hardware import make_target
-    from .measure import build_without_tensor_intrin
+    from .measure import compile_schedule
 
     target = target or make_target()
-    sch = replay(task.mod, actions_from_trace_json(trace_json))
-    lib = build_without_tensor_intrin(sch.mod, target, None)
-    dev = tvm.device(target.kind.name, 0)
-    args = []
-    for param in sch.mod["main"].params:
-        buf = sch.mod["main"].buffer_map[param]
-        shape = [int(x) for x in buf.shape]
-        args.append(tvm.runtime.tensor(np.random.rand(*shape).astype(buf.dtype), device=dev))
-    f = lib.time_evaluator(lib.entry_name if hasattr(lib, "entry_name") else "main", dev, number=1,
-                           repeat=runs, min_repeat_ms=min_ms)
+    lib, args = compile_schedule(task, trace_json, target)
+    f = lib.time_evaluator("main", tvm.device("cuda" if target.kind.name == "cuda" else "cpu", 0), number=1, repeat=runs, min_repeat_ms=min_ms)
     return float(np.median(f(*args).results))

@@ -1,0 +1,446 @@
+"""End-to-end benchmark: tuned networks against PyTorch.
+
+For each network: tune its tunable tasks with each cost model under the same budget
+(``trials_per_task`` x number of tunable tasks, MetaSchedule's gradient task scheduler), build
+the untuned and tuned libraries, check each against PyTorch, then time PyTorch eager,
+``torch.compile`` (inductor), TVM untuned and TVM tuned per cost model, interleaved round-robin,
+median of ``runs`` calls. Also records the tuning wall time and a roofline: the GFLOP/s of the
+best tuned kernels of the largest compute-bound tasks as a fraction of a measured torch matmul peak.
+
+Everything is resumable: tuning resumes from each work directory's database, libraries are
+rebuilt only when their database changed, and ``e2e.json`` is rewritten after each network (a
+finished network with the same settings is skipped on the next run).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..database import RECORD_FILE, WORKLOAD_FILE, atomic_write_text
+from ..errors import CwmError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_NETWORKS = ("resnet18", "resnet50", "mobilenet_v2", "bert-base", "gpt2")
+COMPUTE_BOUND_KINDS = ("conv2d", "dense", "matmul", "batch_matmul")
+EAGER = "torch_eager"
+COMPILED = "torch_compile"
+UNTUNED = "tvm_untuned"
+TUNING_TIME_FILE = "e2e_tuning_time.json"
+
+
+def geomean(values) -> float | None:
+    vals = [float(v) for v in values if v is not None and v > 0 and math.isfinite(v)]
+    if not vals:
+        return None
+    return float(math.exp(sum(math.log(v) for v in vals) / len(vals)))
+
+
+def tuned_name(cost_model: str) -> str:
+    return f"tvm_{cost_model}"
+
+
+def _seed_name(cost_model: str, seed: int) -> str:
+    return f"tvm_{cost_model}@s{seed}"
+
+
+def _network_spec(entry):
+    """(name, torch model, example inputs) from a network name or such a tuple (tiny mode)."""
+    if isinstance(entry, str):
+        from ..workloads.networks import torch_model
+
+        model, inputs = torch_model(entry)
+        return entry, model, tuple(inputs)
+    if isinstance(entry, (tuple, list)) and len(entry) == 3:
+        name, model, inputs = entry
+        if not isinstance(inputs, (tuple, list)):
+            inputs = (inputs,)
+        return str(name), model, tuple(inputs)
+    raise CwmError(f"a network is a name or a (name, torch model, example inputs) tuple, got {entry!r}")
+
+
+def _db_fingerprint(db_dir: Path | None) -> list | None:
+    """Sizes and mtimes of the database files: a library is rebuilt when they change."""
+    if db_dir is None:
+        return None
+    out = []
+    for name in (WORKLOAD_FILE, RECORD_FILE):
+        p = Path(db_dir) / name
+        out.append([p.stat().st_size, int(p.stat().st_mtime_ns)] if p.exists() else None)
+    return out
+
+
+def _build_cached(mod_fn, db_dir, target, lib_path: Path) -> dict:
+    """build_network, unless ``lib_path`` exists and was built from the same database state."""
+    from ..deploy import build_network, sidecar_path
+
+    fp = _db_fingerprint(db_dir)
+    side = sidecar_path(lib_path)
+    if lib_path.exists() and side.exists():
+        try:
+            meta = json.loads(side.read_text())
+            if meta.get("db_fingerprint", "none") == fp and meta.get("target") == str(target):
+                meta["cached"] = True
+                return meta
+        except (json.JSONDecodeError, OSError):
+            pass
+    result = build_network(mod_fn(), db_dir, target, lib_path)
+    meta = result.as_json()
+    meta["db_fingerprint"] = fp
+    atomic_write_text(side, json.dumps(meta, indent=1) + "\n")
+    meta["cached"] = False
+    return meta
+
+
+def _tune_timed(tasks, budget, work_dir: Path, cost_model, model_path, target, seed, per_iter, progress):
+    """tune() with the wall time accumulated across resumed invocations in the work directory."""
+    from ..tuning import tune
+
+    time_file = work_dir / TUNING_TIME_FILE
+    prev = {"seconds": 0.0, "invocations": 0}
+    if time_file.exists():
+        try:
+            prev = json.loads(time_file.read_text())
+        except (json.JSONDecodeError, OSError):
+            pass
+    start = time.time()
+    result = tune(tasks, trials=budget, work_dir=work_dir, cost_model=cost_model, model_path=model_path,
+                  target=target, seed=seed, num_trials_per_iter=per_iter, progress=progress)
+    elapsed = time.time() - start
+    total = {"seconds": float(prev.get("seconds", 0.0)) + elapsed,
+             "invocations": int(prev.get("invocations", 0)) + 1}
+    work_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(time_file, json.dumps(total) + "\n")
+    return result, total["seconds"], elapsed
+
+
+def _roofline(tasks, tune_results: dict, peak: tuple[float, float], top: int) -> list[dict]:
+    """GFLOP/s of the best tuned kernel of the largest compute-bound tasks, as a fraction of peak."""
+    bound = [t for t in tasks if t.kind in COMPUTE_BOUND_KINDS and t.flops > 0]
+    bound.sort(key=lambda t: t.flops, reverse=True)
+    rows = []
+    for t in bound[:top]:
+        row = {"task": t.name, "kind": t.kind, "flops": t.flops, "weight": t.weight, "by_cost_model": {}}
+        for cm, per_seed in tune_results.items():
+            lats = [r.best[t.id]["latency"] for r in per_seed.values() if t.id in r.best]
+            if not lats:
+                continue
+            lat = min(lats)
+            gflops = t.flops / lat / 1e9
+            row["by_cost_model"][cm] = {"latency_ms": lat * 1e3, "gflops": gflops,
+                                        "fraction_of_peak": gflops / peak[0] if peak[0] else None,
+                                        "fraction_of_best_peak": gflops / peak[1] if peak[1] else None}
+        rows.append(row)
+    return rows
+
+
+def _config(trials_per_task, seeds, cost_models, runs, target, peak_n=1024) -> dict:
+    return {"trials_per_task": trials_per_task, "seeds": list(seeds), "cost_models": list(cost_models),
+            "runs": runs, "target": str(target), "peak_n": peak_n}
+
+
+def run_e2e_benchmark(
+    networks=DEFAULT_NETWORKS,
+    out_dir="benchmarks/results/e2e",
+    *,
+    trials_per_task: int = 64,
+    seeds=(0,),
+    cost_models=("xgb", "cwm"),
+    work_root="runs/bench_e2e",
+    model_path=None,
+    progress: bool = True,
+    runs: int = 30,
+    warmup: int = 3,
+    threads: int = 2,
+    target=None,
+    num_trials_per_iter: int = 32,
+    torch_compile: bool = True,
+    roofline_top: int = 5,
+    peak_n: int = 1024,
+) -> dict:
+    """Run (or resume) the end-to-end benchmark; writes e2e.json, e2e.md and e2e.png in ``out_dir``.
+
+    ``networks``: names from ``cwm.workloads.NETWORKS`` or ``(name, torch model, example inputs)``
+    tuples (tiny mode for tests). Work directories: ``work_root/<network>/<cost_model>/seed<k>``.
+    Libraries: ``out_dir/libs/<network>/``. Returns the summary written to e2e.json.
+    """
+    from ..deploy import peak_matmul_stats, set_threads
+    from ..hardware import host_cpu, make_target
+    from ..tuning import COST_MODELS
+
+    if runs < 1 or trials_per_task < 1:
+        raise CwmError("runs and trials_per_task must be positive")
+    for cm in cost_models:
+        if cm not in COST_MODELS:
+            raise CwmError(f"unknown cost model {cm!r}; choose from {', '.join(COST_MODELS)}")
+    seeds = tuple(int(s) for s in seeds) or (0,)
+    target = make_target(target) if not hasattr(target, "kind") else target
+    out_dir, work_root = Path(out_dir), Path(work_root)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    set_threads(threads)
+    config = _config(trials_per_task, seeds, cost_models, runs, target, peak_n)
+
+    json_path = out_dir / "e2e.json"
+    summary = {"config": config, "networks": {}}
+    if json_path.exists():
+        try:
+            old = json.loads(json_path.read_text())
+            summary["networks"] = {k: v for k, v in old.get("networks", {}).items()
+                                   if v.get("config") == config and v.get("status") == "done"}
+        except (json.JSONDecodeError, OSError):
+            log.warning("%s is unreadable; starting it over", json_path)
+    hw = host_cpu()
+    summary["host"] = {"cpu": hw.model, "cores": hw.cores, "threads": threads, "python": platform.python_version()}
+    peak = peak_matmul_stats(n=peak_n, runs=30, threads=threads)
+    summary["peak_matmul_gflops"] = peak["median"]
+    # The fastest call too: on a shared machine the median can be depressed by other load.
+    summary["peak_matmul_gflops_best"] = peak["best"]
+    summary["contenders"] = [EAGER, COMPILED, UNTUNED] + [tuned_name(cm) for cm in cost_models]
+
+    specs = [_network_spec(n) for n in networks]
+    for name, model, inputs in specs:
+        if name in summary["networks"]:
+            log.info("%s: already benchmarked with these settings, skipped", name)
+            continue
+        entry = _benchmark_network(
+            name, model, inputs, target=target, config=config, out_dir=out_dir, work_root=work_root,
+            trials_per_task=trials_per_task, seeds=seeds, cost_models=cost_models, model_path=model_path,
+            progress=progress, runs=runs, warmup=warmup, threads=threads, per_iter=num_trials_per_iter,
+            torch_compile=torch_compile, roofline_top=roofline_top,
+            peak=(summary["peak_matmul_gflops"], summary["peak_matmul_gflops_best"]),
+        )
+        summary["networks"][name] = entry
+        _finish(summary, out_dir)
+    _finish(summary, out_dir)
+    return summary
+
+
+def _benchmark_network(name, model, inputs, *, target, config, out_dir, work_root, trials_per_task, seeds,
+                       cost_models, model_path, progress, runs, warmup, threads, per_iter, torch_compile,
+                       roofline_top, peak) -> dict:
+    from .. import deploy
+    from ..workloads import tunable
+
+    t_start = time.time()
+    model = model.eval()
+    mod_cache = {}
+
+    def mod_fn():
+        if "mod" not in mod_cache:
+            mod_cache["mod"] = deploy.relax_from_torch(model, inputs, target)
+        return mod_cache["mod"]
+
+    all_tasks = deploy.extract_tasks(mod_fn(), target, network=name)
+    tasks = [t for t in all_tasks if tunable(t)]
+    budget = trials_per_task * len(tasks)
+    entry = {"config": config, "status": "running", "total_tasks": len(all_tasks), "tunable_tasks": len(tasks),
+             "trials_per_cost_model": budget, "tuning": {}, "builds": {}, "checks": {}, "latency_ms": {},
+             "latency_ms_per_seed": {}, "timing": {}, "errors": {}, "speedup_vs_eager": {}}
+
+    # 1. Tuning, the same budget for every cost model and seed.
+    tune_results: dict[str, dict[int, object]] = {}
+    for cm in cost_models:
+        tune_results[cm] = {}
+        for seed in seeds:
+            wd = work_root / name / cm / f"seed{seed}"
+            if not tasks:
+                continue
+            result, total_s, this_s = _tune_timed(tasks, budget, wd, cm, model_path, target, seed, per_iter, progress)
+            tune_results[cm][seed] = result
+            entry["tuning"].setdefault(cm, {})[str(seed)] = {
+                "work_dir": str(wd), "seconds": round(total_s, 1), "seconds_this_run": round(this_s, 1),
+                "weighted_latency_ms": (result.weighted_latency * 1e3 if result.weighted_latency else None),
+                "tasks_with_records": len(result.best),
+            }
+
+    # 2. Builds: untuned, and one per cost model and seed.
+    lib_dir = out_dir / "libs" / _safe(name)
+    libs = {UNTUNED: (lib_dir / "untuned.so", None)}
+    for cm in cost_models:
+        for seed in seeds:
+            wd = work_root / name / cm / f"seed{seed}"
+            libs[_seed_name(cm, seed)] = (lib_dir / f"{cm}_s{seed}.so", wd if tasks else None)
+    for key, (path, db) in libs.items():
+        meta = _build_cached(mod_fn, db, target, path)
+        entry["builds"][key] = {k: meta.get(k) for k in ("lib_path", "total_tasks", "tuned_tasks", "missing",
+                                                          "seconds", "cached")}
+
+    # 3. Correctness against PyTorch.
+    rtol, atol = deploy.tolerance_for(model)
+    np_inputs = [x.detach().cpu().numpy() for x in inputs]
+    good = {}
+    for key, (path, _) in libs.items():
+        try:
+            out = deploy.load_and_run(path, np_inputs)
+            entry["checks"][key] = {"ok": True, **deploy.check_against_torch(model, inputs, out, rtol=rtol, atol=atol)}
+            good[key] = path
+        except CwmError as err:
+            entry["checks"][key] = {"ok": False, "error": str(err), "rtol": rtol, "atol": atol}
+            entry["errors"][key] = f"wrong output: {err}"
+            log.error("%s %s: %s", name, key, err)
+
+    # 4. Interleaved timing.
+    contenders = {EAGER: deploy.torch_runner(model, inputs)}
+    if torch_compile:
+        import torch
+
+        torch._dynamo.reset()
+        contenders[COMPILED] = deploy.torch_runner(model, inputs, compile=True)
+    else:
+        entry["errors"][COMPILED] = "disabled"
+    for key, path in good.items():
+        contenders[key] = deploy.tvm_runner(path, np_inputs)
+    timings, errors = deploy.time_interleaved(contenders, runs=runs, warmup=warmup, threads=threads)
+    entry["errors"].update(errors)
+    entry["timing"] = {k: v.as_json() for k, v in timings.items()}
+    lat = {k: v.median_s * 1e3 for k, v in timings.items()}
+    entry["latency_ms"] = {k: lat.get(k) for k in (EAGER, COMPILED, UNTUNED)}
+    for cm in cost_models:
+        per_seed = {str(s): lat.get(_seed_name(cm, s)) for s in seeds}
+        entry["latency_ms_per_seed"][tuned_name(cm)] = per_seed
+        entry["latency_ms"][tuned_name(cm)] = geomean(per_seed.values())
+    eager = entry["latency_ms"][EAGER]
+    for k, v in entry["latency_ms"].items():
+        entry["speedup_vs_eager"][k] = eager / v if eager and v else None
+    if torch_compile:
+        import torch
+
+        torch._dynamo.reset()
+
+    # 5. Roofline of the largest compute-bound tasks.
+    entry["roofline"] = _roofline(tasks, tune_results, peak, roofline_top)
+    entry["seconds"] = round(time.time() - t_start, 1)
+    entry["status"] = "done"
+    return entry
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def _finish(summary: dict, out_dir: Path) -> None:
+    contenders = summary["contenders"]
+    nets = summary["networks"]
+    summary["geomean_speedup_vs_eager"] = {
+        c: geomean(e["speedup_vs_eager"].get(c) for e in nets.values()) for c in contenders
+    }
+    atomic_write_text(out_dir / "e2e.json", json.dumps(summary, indent=1, default=_json_default) + "\n")
+    atomic_write_text(out_dir / "e2e.md", markdown(summary))
+    plot(summary, out_dir / "e2e.png")
+
+
+def _json_default(o):
+    if isinstance(o, (np.floating, np.integer)):
+        return o.item()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(type(o).__name__)
+
+
+_LABELS = {EAGER: "PyTorch eager", COMPILED: "torch.compile", UNTUNED: "TVM untuned"}
+
+
+def _label(c: str) -> str:
+    return _LABELS.get(c, f"TVM tuned ({c[4:]})" if c.startswith("tvm_") else c)
+
+
+def _fmt(v, spec=".3f") -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def markdown(summary: dict) -> str:
+    contenders = summary["contenders"]
+    cfg = summary["config"]
+    lines = [
+        "# End-to-end latency against PyTorch",
+        "",
+        f"Batch 1, fp32, {summary['host']['threads']} threads on {summary['host']['cpu']}; median of "
+        f"{cfg['runs']} interleaved runs. Tuning budget: {cfg['trials_per_task']} trials x tunable tasks "
+        f"per cost model and seed (seeds {cfg['seeds']}). Cells: latency in ms (speed-up over PyTorch eager).",
+        "",
+        "| network | tasks (tunable) | " + " | ".join(_label(c) for c in contenders) + " |",
+        "|---|---|" + "---|" * len(contenders),
+    ]
+    for name, e in summary["networks"].items():
+        cells = []
+        for c in contenders:
+            v, s = e["latency_ms"].get(c), e["speedup_vs_eager"].get(c)
+            if v is None:
+                reason = e["errors"].get(c) or next((msg for k, msg in e["errors"].items() if k.startswith(c + "@")), "")
+                cells.append(f"n/a ({reason[:60]})" if reason else "n/a")
+            else:
+                cells.append(f"{v:.3f} ({s:.2f}x)")
+        lines.append(f"| {name} | {e['total_tasks']} ({e['tunable_tasks']}) | " + " | ".join(cells) + " |")
+    geo = summary.get("geomean_speedup_vs_eager", {})
+    lines.append("| **geometric mean** | | " + " | ".join(
+        f"**{geo[c]:.2f}x**" if geo.get(c) else "n/a" for c in contenders) + " |")
+    lines += ["", f"Measured torch fp32 matmul peak ({cfg.get('peak_n', 1024)}^3, median of 30): "
+              f"{summary['peak_matmul_gflops']:.1f} GFLOP/s (fastest call "
+              f"{summary.get('peak_matmul_gflops_best', float('nan')):.1f} GFLOP/s). Kernel GFLOP/s come from "
+              "the tuning database (best measured latency); a fraction above 100% means the peak "
+              "measurement was slowed by other load.", "",
+              "## Tuning wall time (s) and tuned tasks", "",
+              "| network | cost model | seed | trials | tuning s | tuned / total tasks in the build | check |",
+              "|---|---|---|---|---|---|---|"]
+    for name, e in summary["networks"].items():
+        for cm, per_seed in e["tuning"].items():
+            for seed, t in per_seed.items():
+                key = f"tvm_{cm}@s{seed}"
+                b, chk = e["builds"].get(key, {}), e["checks"].get(key, {})
+                ok = "ok" if chk.get("ok") else "MISMATCH" if chk else "-"
+                if chk.get("ok"):
+                    ok += f" (max diff {chk['max_abs_diff']:.1e})"
+                lines.append(f"| {name} | {cm} | {seed} | {e['trials_per_cost_model']} | {t['seconds']:.0f} | "
+                             f"{b.get('tuned_tasks')} / {b.get('total_tasks')} | {ok} |")
+    lines += ["", "## Roofline: best tuned kernels of the largest compute-bound tasks", "",
+              "| network | task | kind | GFLOP | " + " | ".join(
+                  f"{cm} GFLOP/s (of peak)" for cm in cfg["cost_models"]) + " |",
+              "|---|---|---|---|" + "---|" * len(cfg["cost_models"])]
+    for name, e in summary["networks"].items():
+        for r in e.get("roofline", []):
+            cells = []
+            for cm in cfg["cost_models"]:
+                v = r["by_cost_model"].get(cm)
+                cells.append(f"{v['gflops']:.1f} ({v['fraction_of_peak'] * 100:.0f}%)" if v else "n/a")
+            lines.append(f"| {name} | {r['task'].split('/', 1)[-1]} | {r['kind']} | {r['flops'] / 1e9:.3f} | "
+                         + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    contenders = [c for c in summary["contenders"] if c != EAGER]
+    groups = list(summary["networks"]) + ["geomean"]
+    values = []
+    for c in contenders:
+        row = [summary["networks"][n]["speedup_vs_eager"].get(c) for n in summary["networks"]]
+        row.append(summary.get("geomean_speedup_vs_eager", {}).get(c))
+        values.append([v if v else np.nan for v in row])
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(groups) + 2), 4))
+    width = 0.8 / max(1, len(contenders))
+    x = np.arange(len(groups))
+    for i, (c, row) in enumerate(zip(contenders, values)):
+        ax.bar(x + (i - (len(contenders) - 1) / 2) * width, row, width, label=_label(c))
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks(x)
+    ax.set_xticklabels(groups)
+    ax.set_ylabel("speed-up over PyTorch eager")
+    finite = [v for row in values for v in row if v == v]
+    if finite and max(finite) / max(min(finite), 1e-9) > 20:
+        ax.set_yscale("log")
+    ax.set_title(f"End-to-end latency, batch 1, {summary['host']['threads']} threads")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

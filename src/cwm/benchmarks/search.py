@@ -1,0 +1,288 @@
+"""Fixed-budget search and sample-efficiency benchmark against MetaSchedule's XGBoost model.
+
+Every contender tunes every subgraph with the same budget and seeds, interleaved per subgraph
+and seed, on the same machine. Each run's best schedule is then re-measured in one process
+(median of ``remeasure_runs`` interleaved timings), and results are reported per subgraph and
+as geometric means with their spread. Runs are resumable: a finished run keeps its report,
+an interrupted one resumes from its database.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..database import atomic_write_text
+from ..errors import CwmError
+
+log = logging.getLogger(__name__)
+
+CONTENDERS = ("cwm", "xgb", "xgb-pretrained", "random")
+
+# 12 subgraphs: matmul/dense, batch_matmul, conv2d, depthwise, reductions; several are in the
+# reference test split (held out from training).
+DEFAULT_SUBGRAPHS = (
+    "dense_relu:M=128,N=512,K=256",
+    "bert-base/fused_matmul_add2",
+    "matmul:M=1024,N=1023,K=1024",
+    "matmul:M=256,N=1000,K=512",
+    "batch_matmul:B=12,M=128,N=128,K=64",
+    "batch_matmul:B=12,M=128,N=64,K=128",
+    "resnet18/fused_conv2d1_subtract1_divide1_multiply1_add1_relu1",
+    "conv2d:N=1,C=256,H=14,W=14,K=256,R=3,stride=1,pad=1",
+    "depthwise_conv2d:N=1,C=96,H=112,W=112,R=3,stride=2,pad=1",
+    "mobilenet_v2/fused_conv2d7_subtract5_divide5_multiply5_add5_tir_clip3",
+    "softmax:M=1536,N=128",
+    "layernorm:M=256,N=1024",
+)
+
+
+def geomean(values) -> float:
+    values = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
+    return float(math.exp(np.mean(np.log(values)))) if values else float("nan")
+
+
+def _run_dir(root: Path, task, budget: int, contender: str, seed: int) -> Path:
+    return root / task.id / f"b{budget}" / contender / f"seed{seed}"
+
+
+def _load_or_tune(task, budget, contender, seed, root, model_path, xgb_path, per_iter, progress):
+    from ..tuning import tune
+
+    run_dir = _run_dir(root, task, budget, contender, seed)
+    done = run_dir / "run.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    path = {"cwm": model_path, "xgb-pretrained": xgb_path}.get(contender)
+    start = time.time()
+    result = tune(task, trials=budget, work_dir=run_dir, cost_model=contender, model_path=path, seed=seed,
+                  num_trials_per_iter=per_iter, progress=progress)
+    record = {
+        "task": task.name, "contender": contender, "seed": seed, "budget": budget,
+        "db_best_seconds": result.best[task.id]["latency"] if task.id in result.best else None,
+        "best_trace": result.best.get(task.id, {}).get("trace"),
+        "curve": result.curve,
+        "wall_seconds": time.time() - start,
+        "cost_model_seconds": result.cost_model_seconds,
+        "trials": result.trials,
+    }
+    atomic_write_text(done, json.dumps(record) + "\n")
+    return record
+
+
+def remeasure_interleaved(items, target, runs: int = 30) -> list[float]:
+    """Median latency of each (task, trace) pair, timing them round-robin in this process."""
+    import tvm
+
+    from ..measure import compile_schedule
+
+    dev = tvm.device("cuda" if target.kind.name == "cuda" else "cpu", 0)
+    prepared = []
+    for task, trace in items:
+        if trace is None:
+            prepared.append(None)
+            continue
+        lib, args = compile_schedule(task, trace, target)
+        f = lib.time_evaluator("main", dev, number=1, repeat=1, min_repeat_ms=10)
+        f(*args)  # warm-up
+        prepared.append((f, args))
+    samples = [[] for _ in items]
+    for _ in range(runs):
+        for i, p in enumerate(prepared):
+            if p is not None:
+                samples[i].append(p[0](*p[1]).mean)
+    return [float(np.median(s)) if s else None for s in samples]
+
+
+def pretrain_xgb_file(db_dir, split: dict, out_path: Path, target, seed: int = 0) -> Path:
+    """MetaSchedule's XGBModel warm-started on the training records the world model saw."""
+    from ..cost_model import pretrain_xgb
+    from ..dataset import load_dataset
+
+    if out_path.exists():
+        return out_path
+    ds = load_dataset(db_dir).valid().subset(split["train"])
+    model = pretrain_xgb(ds, target, seed=seed)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    model.save(str(out_path))
+    return out_path
+
+
+def run_search_benchmark(
+    subgraphs=DEFAULT_SUBGRAPHS,
+    out_dir="benchmarks/results/search",
+    *,
+    budget: int = 64,
+    large_budget: int | None = None,
+    seeds=(0, 1, 2),
+    contenders=CONTENDERS,
+    model_path=None,
+    train_db=None,
+    split: dict | None = None,
+    work_root="runs/bench_search",
+    num_trials_per_iter: int = 32,
+    remeasure_runs: int = 30,
+    progress: bool = True,
+) -> dict:
+    from ..hardware import make_target
+    from ..workloads import resolve_task
+
+    if budget <= 0 or (large_budget is not None and large_budget <= 0):
+        raise CwmError("budgets must be positive")
+    if len(seeds) < 1:
+        raise CwmError("at least one seed is needed")
+    out_dir, root = Path(out_dir), Path(work_root)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = make_target()
+    tasks = [resolve_task(name, target) for name in subgraphs]
+    xgb_path = None
+    if "xgb-pretrained" in contenders:
+        if train_db is None or split is None:
+            raise CwmError("xgb-pretrained needs the training database and split")
+        xgb_path = pretrain_xgb_file(train_db, split, root / "xgb_pretrained.tar", target)
+    runs = []
+    plan = [(budget, c) for c in contenders]
+    if large_budget:
+        plan += [(large_budget, "xgb"), (large_budget // 10, "cwm")]
+    for task in tasks:
+        for seed in seeds:
+            for b, contender in plan:  # interleaved: every contender once per (subgraph, seed)
+                runs.append(_load_or_tune(task, b, contender, seed, root, model_path, xgb_path,
+                                          num_trials_per_iter, progress))
+                _write(out_dir, _summarize(tasks, runs, contenders, budget, large_budget, None))
+    latencies = remeasure_interleaved([(resolve_task(r["task"], target), r["best_trace"]) for r in runs], target,
+                                      remeasure_runs)
+    for r, lat in zip(runs, latencies):
+        r["remeasured_seconds"] = lat
+    summary = _summarize(tasks, runs, contenders, budget, large_budget, remeasure_runs)
+    _write(out_dir, summary)
+    return summary
+
+
+def _trials_to_reach(curve, goal) -> int | None:
+    for i, v in enumerate(curve):
+        if v is not None and v <= goal:
+            return i + 1
+    return None
+
+
+def _summarize(tasks, runs, contenders, budget, large_budget, remeasure_runs) -> dict:
+    key = "remeasured_seconds" if remeasure_runs else "db_best_seconds"
+    per_task = {}
+    for task in tasks:
+        rows = [r for r in runs if r["task"] == task.name]
+        entry = {}
+        for c in contenders:
+            mine = [r for r in rows if r["contender"] == c and r["budget"] == budget]
+            if not mine:
+                continue
+            lats = [r.get(key) for r in mine]
+            entry[c] = {
+                "seconds_per_seed": lats,
+                "geomean_seconds": geomean(lats),
+                "wall_seconds": float(np.mean([r["wall_seconds"] for r in mine])),
+                "cost_model_seconds": float(np.mean([r["cost_model_seconds"] for r in mine])),
+                "cost_model_seconds_per_trial": float(np.mean([r["cost_model_seconds"] / max(1, r["trials"])
+                                                               for r in mine])),
+                "curves": [r["curve"] for r in mine],
+            }
+        if "xgb" in entry:
+            goal = float(np.median([r["db_best_seconds"] for r in rows if r["contender"] == "xgb"
+                                    and r["budget"] == budget and r["db_best_seconds"]]))
+            for c, e in entry.items():
+                e["speedup_vs_xgb"] = entry["xgb"]["geomean_seconds"] / e["geomean_seconds"]
+                e["trials_to_reach_xgb"] = [_trials_to_reach(curve, goal) for curve in e["curves"]]
+        if large_budget:
+            big = [r.get(key) for r in rows if r["contender"] == "xgb" and r["budget"] == large_budget]
+            small = [r.get(key) for r in rows if r["contender"] == "cwm" and r["budget"] == large_budget // 10]
+            entry["sample_efficiency"] = {"xgb_large": geomean(big), "cwm_tenth": geomean(small),
+                                          "ratio": geomean(small) / geomean(big) if big and small else None}
+        per_task[task.name] = entry
+    overall = {}
+    for c in contenders:
+        ratios = [e[c]["speedup_vs_xgb"] for e in per_task.values() if c in e and "speedup_vs_xgb" in e[c]]
+        if ratios:
+            logs = np.log(ratios)
+            overall[c] = {"geomean_speedup_vs_xgb": float(np.exp(logs.mean())),
+                          "spread_log_std": float(logs.std()),
+                          "min": float(min(ratios)), "max": float(max(ratios)),
+                          "cost_model_seconds_per_trial": float(np.mean(
+                              [e[c]["cost_model_seconds_per_trial"] for e in per_task.values() if c in e]))}
+    return {"budget": budget, "large_budget": large_budget, "remeasure_runs": remeasure_runs,
+            "latency_source": key, "per_subgraph": per_task, "overall": overall,
+            "runs": [{k: v for k, v in r.items() if k not in ("best_trace", "curve")} for r in runs]}
+
+
+def _write(out_dir: Path, summary: dict) -> None:
+    atomic_write_text(out_dir / "search.json", json.dumps(summary, indent=1, default=float) + "\n")
+    atomic_write_text(out_dir / "search.md", _markdown(summary))
+    _plot(summary, out_dir / "search.png")
+
+
+def _markdown(summary: dict) -> str:
+    per = summary["per_subgraph"]
+    contenders = sorted({c for e in per.values() for c in e if c != "sample_efficiency"})
+    lines = [f"# Search benchmark: {summary['budget']} trials, latency = {summary['latency_source']}", "",
+             "| subgraph | " + " | ".join(f"{c} ms (x vs xgb)" for c in contenders) + " |",
+             "|---|" + "---|" * len(contenders)]
+    for name, e in per.items():
+        cells = []
+        for c in contenders:
+            if c in e:
+                cells.append(f"{e[c]['geomean_seconds'] * 1e3:.4f} ({e[c].get('speedup_vs_xgb', float('nan')):.2f}x)")
+            else:
+                cells.append("-")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for c, o in summary["overall"].items():
+        lines.append(f"- {c}: geometric-mean speed-up vs xgb {o['geomean_speedup_vs_xgb']:.3f}x "
+                     f"(min {o['min']:.2f}, max {o['max']:.2f}, log-std {o['spread_log_std']:.2f}); "
+                     f"cost model {o['cost_model_seconds_per_trial'] * 1e3:.1f} ms/trial")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    per = summary["per_subgraph"]
+    names = list(per)
+    contenders = sorted({c for e in per.values() for c in e if c != "sample_efficiency"})
+    fig, axes = plt.subplots(1, 2, figsize=(15, 5))
+    width = 0.8 / max(1, len(contenders))
+    for i, c in enumerate(contenders):
+        vals = [per[n][c].get("speedup_vs_xgb", np.nan) if c in per[n] else np.nan for n in names]
+        axes[0].bar(np.arange(len(names)) + i * width, vals, width, label=c)
+    axes[0].axhline(1.0, color="k", lw=0.8)
+    axes[0].set_xticks(np.arange(len(names)) + 0.4)
+    axes[0].set_xticklabels([n.split(":")[0].split("/")[-1][:18] for n in names], rotation=60, ha="right", fontsize=7)
+    axes[0].set_ylabel("speed-up vs xgb (geomean over seeds)")
+    axes[0].legend(fontsize=8)
+    # Best-so-far curves normalized by each subgraph's final xgb best, geomean over subgraphs.
+    for c in contenders:
+        norm = []
+        for n in names:
+            if c not in per[n] or "xgb" not in per[n]:
+                continue
+            ref = per[n]["xgb"]["geomean_seconds"]
+            for curve in per[n][c]["curves"]:
+                vals = [v / ref if v else np.nan for v in curve]
+                norm.append(vals)
+        if norm:
+            length = min(len(v) for v in norm)
+            arr = np.array([v[:length] for v in norm], dtype=float)
+            axes[1].plot(np.arange(1, length + 1), np.exp(np.nanmean(np.log(arr), axis=0)), label=c)
+    axes[1].set_xlabel("trial")
+    axes[1].set_ylabel("best latency / xgb final (geomean)")
+    axes[1].set_yscale("log")
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

@@ -1,0 +1,754 @@
+"""Deployment: turn a tuned MetaSchedule database into a network executable, run it, time it.
+
+The path from a tuned database to a shared library is::
+
+    Relax module (params bound)  --zero pipeline-->  fused TIR subgraphs (the tasks)
+        --MetaScheduleApplyDatabase-->  tuned subgraphs marked ``tirx.is_scheduled``
+        --tvm.compile (default Relax/TIR lowering)-->  VM executable  --export-->  .so
+
+``MetaScheduleApplyDatabase`` replaces every PrimFunc it finds in the database by the best
+schedule's module and sets the ``tirx.is_scheduled`` attribute on it (see the C++ pass
+``relax.transform.MetaScheduleApplyDatabase``; the attribute name is in libtvm_compiler.so and the
+Python tooling, e.g. ``tvm.s_tir.dlight`` and ``relax_integration``, reads the same key).
+``build_network`` counts that attribute per task, so a build that silently ran untuned
+(a database for another network, target or a pipeline bug) shows ``tuned_tasks == 0``.
+PrimFuncs without a record keep their unscheduled (naive loop nest) form; TVM's CPU TIR
+lowering compiles them as they are, so the module still runs, only slower. On GPU targets
+they get DLight's default schedules (they need thread bindings to compile).
+
+Each exported library gets a sidecar ``<lib>.json`` with the input/output signature of
+``main`` (the VM executable stores parameter names but not shapes), so ``load_and_run`` can
+reject a wrong input before the VM sees it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .errors import CwmError
+
+log = logging.getLogger(__name__)
+
+SCHEDULED_ATTR = "tirx.is_scheduled"  # set by MetaScheduleApplyDatabase on every function it replaced
+FAILED_LATENCY = 1e9  # run_secs at or above this are failed candidates (MetaSchedule writes 1e10)
+
+# Comparison tolerances against PyTorch, per model family: (rtol, atol) for np.allclose.
+# The errors come from fp32 sums evaluated in a different order (tiling, vectorized reductions,
+# folded batch norm) and from different exp/erf/tanh implementations; they grow with the
+# reduction length and the depth.
+#  * "mlp": a few dense layers with reductions of <= a few hundred terms: differences are
+#    ~1e-6, so 1e-4 leaves a 100x margin and still catches any real scheduling bug.
+#  * "cnn": convolutions reduce over up to 3*3*512 = 4608 terms, 18-50 layers deep, and
+#    batch norm is folded into new constants; measured max abs diffs of random-init
+#    torchvision models are ~1e-5-1e-4 on outputs of magnitude ~1, so 1e-3 (rtol and atol).
+#  * "transformer": 12 layers of 768-wide matmuls, softmax, layer norm and GELU (erf/tanh)
+#    on outputs of magnitude ~1-10: measured diffs ~1e-5-1e-4, tolerance 1e-3.
+# A broken schedule gives differences of the order of the outputs themselves, far above these.
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "mlp": (1e-4, 1e-4),
+    "cnn": (1e-3, 1e-3),
+    "transformer": (1e-3, 1e-3),
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Import: any torch model -> Relax
+# --------------------------------------------------------------------------------------------
+
+
+def relax_from_torch(model, example_inputs, target=None, *, bind_params: bool = True):
+    """Export a PyTorch model to Relax with its parameters bound, ready for fusion and tuning.
+
+    The same steps as ``cwm.workloads.networks.relax_module`` (which does this for the named
+    networks): ``torch.export`` -> ``from_exported_program`` -> bind the weights as constants ->
+    ``DecomposeOpsForInference`` (batch norm in eval mode becomes a per-channel scale and shift)
+    -> ``CanonicalizeBindings`` -> ``FoldConstant`` (the scale and shift are computed once from
+    the running statistics at compile time).
+    """
+    import torch
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.torch import from_exported_program
+
+    from .hardware import make_target
+
+    target = _as_target(target) if target is not None else make_target()
+    if not isinstance(example_inputs, (tuple, list)):
+        example_inputs = (example_inputs,)
+    model = model.eval()
+    try:
+        with torch.no_grad():
+            exported = torch.export.export(model, tuple(example_inputs))
+        mod = from_exported_program(exported, keep_params_as_input=True)
+    except Exception as err:  # export and the frontend raise many error types
+        raise CwmError(f"cannot import {type(model).__name__} into Relax: {_first_line(err)}") from err
+    mod, params = relax.frontend.detach_params(mod)
+    if bind_params and params.get("main"):
+        fparams = mod["main"].params
+        weights = params["main"]
+        bound = dict(zip(fparams[len(fparams) - len(weights):], weights))
+        mod = relax.transform.BindParams("main", bound)(mod)
+    with target:
+        mod = tvm.transform.Sequential(
+            [
+                relax.transform.DecomposeOpsForInference(),
+                relax.transform.CanonicalizeBindings(),
+                relax.transform.FoldConstant(),
+            ]
+        )(mod)
+    return mod
+
+
+def relax_op_counts(mod) -> dict[str, int]:
+    """How many times each Relax operator is called in ``main`` (e.g. to see batch norm is gone)."""
+    import tvm
+    from tvm import relax
+
+    counts: dict[str, int] = {}
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+            name = str(expr.op.name)
+            counts[name] = counts.get(name, 0) + 1
+
+    relax.analysis.post_order_visit(mod["main"].body, visit)
+    return counts
+
+
+def fused_module(mod, target):
+    """The zero pipeline without the database: LegalizeOps, AnnotateTIROpPattern, FoldConstant,
+    FuseOps, FuseTIR. Its PrimFuncs are the tasks MetaSchedule extracts and tunes."""
+    import tvm
+    from tvm import relax
+
+    with _as_target(target), tvm.transform.PassContext(opt_level=3):
+        return relax.get_pipeline("zero")(mod)
+
+
+def extract_tasks(mod, target, network: str | None = None) -> list:
+    """The MetaSchedule tasks of a (not yet fused) Relax module, as ``cwm.workloads.Task``."""
+    import tvm.s_tir.meta_schedule as ms
+
+    from .workloads import Task
+
+    target = _as_target(target)
+    fused = fused_module(mod, target)
+    tasks = []
+    for ext in ms.relax_integration.extract_tasks(fused, target):
+        name = f"{network}/{ext.task_name}" if network else str(ext.task_name)
+        tasks.append(Task(name=name, mod=ext.dispatched[0], weight=float(ext.weight), network=network))
+    try:  # the network helper knows depthwise convs and dense layers; fall back to the name heuristic
+        from .workloads.networks import _kind_for
+
+        for t in tasks:
+            if "/" in t.name:
+                t.kind = _kind_for(t)
+    except ImportError:
+        pass
+    return tasks
+
+
+# --------------------------------------------------------------------------------------------
+# Build
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class BuildResult:
+    """What ``build_network`` produced and how much of it is tuned."""
+
+    lib_path: Path | None
+    target: str
+    db_dir: Path | None
+    total_tasks: int  # distinct fused TIR subgraphs (MetaSchedule tasks) in the network
+    tuned_tasks: int  # of those, how many got a schedule from the database (tirx.is_scheduled)
+    missing: list[str] = field(default_factory=list)  # task names without a usable record
+    tuned: list[str] = field(default_factory=list)
+    other_target: list[str] = field(default_factory=list)  # tuned from records of another CPU/model of the same kind
+    skipped_records: int = 0  # valid records ignored: for another target kind
+    seconds: float = 0.0
+    signature: dict = field(default_factory=dict)  # {"inputs": [...], "outputs": [...]}
+    relax_ops: dict = field(default_factory=dict)  # Relax operator counts before fusion
+    executable: object = field(default=None, repr=False)
+
+    @property
+    def fully_tuned(self) -> bool:
+        return self.total_tasks > 0 and self.tuned_tasks == self.total_tasks
+
+    def as_json(self) -> dict:
+        return {
+            "lib_path": str(self.lib_path) if self.lib_path else None,
+            "target": self.target,
+            "db_dir": str(self.db_dir) if self.db_dir else None,
+            "total_tasks": self.total_tasks,
+            "tuned_tasks": self.tuned_tasks,
+            "missing": list(self.missing),
+            "tuned": list(self.tuned),
+            "other_target": list(self.other_target),
+            "skipped_records": self.skipped_records,
+            "seconds": round(self.seconds, 2),
+            "signature": self.signature,
+            "relax_ops": self.relax_ops,
+        }
+
+
+def _as_target(target):
+    from tvm.target import Target
+
+    from .hardware import make_target
+
+    if target is None:
+        return make_target()
+    if isinstance(target, Target):
+        return target
+    return make_target(target)
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+    # TVM errors end with the informative line; Python errors start with it.
+    msg = lines[-1] if lines and type(err).__module__.startswith("tvm") else (lines[0] if lines else "")
+    return msg or type(err).__name__
+
+
+def _same_target(a, b) -> bool:
+    return str(a) == str(b)
+
+
+def _filtered_database(db_dir: Path, target):
+    """A MemoryDatabase with the best valid record per workload that suits ``target``.
+
+    MetaSchedule's ``QueryTuningRecord`` ignores the record's target, so a CUDA database would
+    be applied to a CPU build (and fail there). Records of another target kind are dropped (their
+    tasks count as missing); records of the same kind but another target (another CPU model or
+    core count) are used when no exact-target record exists, and reported.
+    Returns (database, names of workloads tuned for a different target of the same kind, dropped).
+    """
+    import tvm.s_tir.meta_schedule as ms
+    from tvm_ffi import structural_hash
+
+    from .database import open_database
+
+    json_db = open_database(db_dir, create=False)
+    best: dict[int, tuple[int, float, object]] = {}  # workload hash -> (rank, latency, record)
+    dropped = 0
+    for rec in json_db.get_all_tuning_records():
+        secs = [float(s) for s in (rec.run_secs or [])]
+        if not secs or not all(math.isfinite(s) and 0 < s < FAILED_LATENCY for s in secs):
+            continue
+        rec_target = rec.target
+        if rec_target is None or rec_target.kind.name != target.kind.name:
+            dropped += 1
+            continue
+        rank = 0 if _same_target(rec_target, target) else 1
+        lat = sum(secs) / len(secs)
+        key = structural_hash(rec.workload.mod)
+        if key not in best or (rank, lat) < best[key][:2]:
+            best[key] = (rank, lat, rec)
+    mem = ms.database.MemoryDatabase()
+    other = []
+    for rank, _, rec in best.values():
+        workload = mem.commit_workload(rec.workload.mod)
+        mem.commit_tuning_record(
+            ms.database.TuningRecord(rec.trace, workload, rec.run_secs, rec.target, rec.args_info)
+        )
+        if rank:
+            other.append(structural_hash(rec.workload.mod))
+    return mem, set(other), dropped
+
+
+def _signature(mod) -> dict:
+    """Input and output shapes/dtypes of ``main`` (symbolic dims as strings)."""
+
+    def ty(node):  # the Relax type of a Var/Function (``ty`` in TVM 0.27, ``struct_info`` before)
+        return getattr(node, "ty", None) or getattr(node, "struct_info", None)
+
+    def describe(t, name=None):
+        fields = getattr(t, "fields", None)
+        if fields is not None:
+            return [d for f in fields for d in describe(f)]
+        shape = getattr(t, "shape", None)
+        values = getattr(shape, "values", None)
+        dims = None if values is None else [int(v.value) if hasattr(v, "value") else str(v) for v in values]
+        d = {"shape": dims, "dtype": str(t.dtype) if getattr(t, "dtype", None) is not None else None}
+        if name is not None:
+            d["name"] = name
+        return [d]
+
+    main = mod["main"]
+    inputs = [describe(ty(p), str(getattr(p, "name", None) or getattr(p, "name_hint", "")))[0]
+              for p in main.params]
+    ret = getattr(main, "ret_ty", None) or getattr(main, "ret_struct_info", None)
+    return {"inputs": inputs, "outputs": describe(ret)}
+
+
+def _task_gvars(fused_mod, target):
+    """(task name, [PrimFunc names]) per extracted task: structurally equal PrimFuncs share one task."""
+    import tvm
+    import tvm.s_tir.meta_schedule as ms
+    from tvm_ffi import structural_hash
+
+    extracted = ms.relax_integration.extract_tasks(fused_mod, target)
+    by_hash: dict[int, str] = {}
+    for ext in extracted:
+        by_hash[structural_hash(ext.dispatched[0])] = str(ext.task_name)
+    groups: dict[str, list[str]] = {str(ext.task_name): [] for ext in extracted}
+    for gv, func in fused_mod.functions.items():
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            continue
+        norm = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+        name = by_hash.get(structural_hash(norm), gv.name_hint)
+        if name in groups:
+            groups[name].append(gv.name_hint)
+        elif gv.name_hint in groups:
+            groups[gv.name_hint].append(gv.name_hint)
+    for name, gvs in groups.items():
+        if not gvs and name in {gv.name_hint for gv in fused_mod.get_global_vars()}:
+            gvs.append(name)
+    return groups
+
+
+def build_network(module_or_name, db_dir=None, target=None, out_path=None) -> BuildResult:
+    """Compile a network with the schedules of a tuned MetaSchedule database.
+
+    ``module_or_name`` is a Relax IRModule (as from ``relax_from_torch``) or a network name
+    (``cwm.workloads.NETWORKS``). ``db_dir`` is the JSON database directory; ``None`` builds
+    the untuned baseline on purpose (no warning). A directory that does not exist, or that holds
+    files but no ``database_workload.json``, is a ``CwmError``; an existing empty directory is
+    an empty database (everything falls back, with a warning). Tasks without a usable record
+    are listed in ``missing`` and logged as a warning; they compile with TVM's default lowering.
+    ``out_path`` (a ``.so``) gets the exported library and a ``<out_path>.json`` sidecar.
+    """
+    import tvm
+    import tvm.s_tir.meta_schedule as ms
+    from tvm import relax
+
+    start = time.time()
+    target = _as_target(target)
+    if isinstance(module_or_name, str):
+        from .workloads.networks import relax_module
+
+        mod = relax_module(module_or_name, target)
+    elif isinstance(module_or_name, tvm.IRModule):
+        mod = module_or_name
+    else:
+        raise CwmError(f"build_network needs a Relax IRModule or a network name, got {type(module_or_name).__name__}")
+    if "main" not in {gv.name_hint for gv in mod.get_global_vars()}:
+        raise CwmError("the Relax module has no 'main' function")
+
+    database, other_hashes, dropped = None, set(), 0
+    if db_dir is not None:
+        db_dir = Path(db_dir)
+        if not db_dir.exists():
+            raise CwmError(f"database directory {db_dir} does not exist")
+        if not db_dir.is_dir():
+            raise CwmError(f"database path {db_dir} is not a directory")
+        if not any(db_dir.iterdir()):
+            log.warning("database directory %s is empty: building untuned", db_dir)
+        else:
+            database, other_hashes, dropped = _filtered_database(db_dir, target)
+
+    relax_ops = relax_op_counts(mod)
+    fused = fused_module(mod, target)
+    groups = _task_gvars(fused, target)
+    pre_scheduled = {gv.name_hint for gv, f in fused.functions.items()
+                     if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and f.attrs.get(SCHEDULED_ATTR, False)}
+    groups = {name: gvs for name, gvs in groups.items() if not set(gvs) & pre_scheduled}
+
+    if database is not None:
+        with target, database, tvm.transform.PassContext(opt_level=3):
+            applied = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(fused)
+    else:
+        applied = fused
+
+    scheduled = {gv.name_hint for gv, f in applied.functions.items()
+                 if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and bool(f.attrs.get(SCHEDULED_ATTR, False))}
+    tuned = sorted(name for name, gvs in groups.items() if gvs and all(g in scheduled for g in gvs))
+    missing = sorted(name for name in groups if name not in tuned)
+    other = []
+    if other_hashes:
+        from tvm_ffi import structural_hash
+
+        for gv, f in fused.functions.items():
+            if isinstance(f, tvm.tirx.PrimFunc) and gv.name_hint in scheduled:
+                norm = tvm.IRModule({"main": f.with_attr("global_symbol", "main")})
+                if structural_hash(norm) in other_hashes:
+                    other.append(gv.name_hint)
+    if db_dir is not None and missing:
+        log.warning("%d of %d tasks have no tuning record for %s in %s and use the default "
+                    "(untuned) schedule: %s", len(missing), len(groups), target.kind.name, db_dir,
+                    ", ".join(missing))
+    if dropped:
+        log.warning("%s: ignored %d record(s) tuned for another kind of target than %s",
+                    db_dir, dropped, target.kind.name)
+    if other:
+        log.warning("%d task(s) use records tuned for another %s target than %s: %s",
+                    len(other), target.kind.name, target, ", ".join(sorted(other)))
+
+    if "gpu" in target.keys:
+        from tvm.s_tir import dlight as dl
+
+        with target:
+            applied = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+                                              dl.gpu.GeneralReduction(), dl.gpu.Fallback())(applied)
+    try:
+        with target, tvm.transform.PassContext(opt_level=3):
+            # The default pipeline here only legalizes leftovers and lowers; it does not re-fuse,
+            # so the scheduled PrimFuncs reach codegen as they are.
+            executable = tvm.compile(applied, target=target)
+    except Exception as err:
+        raise CwmError(f"compiling the network for {target.kind.name} failed: {_first_line(err)}") from err
+
+    signature = _signature(mod)
+    result = BuildResult(
+        lib_path=None, target=str(target), db_dir=db_dir, total_tasks=len(groups), tuned_tasks=len(tuned),
+        missing=missing, tuned=tuned, other_target=sorted(other), skipped_records=dropped,
+        signature=signature, relax_ops=relax_ops, executable=executable,
+    )
+    if out_path is not None:
+        out_path = Path(out_path)
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out_path.with_name(f".{out_path.name}.tmp{os.getpid()}.so")
+        try:
+            executable.export_library(str(tmp))
+            os.replace(tmp, out_path)
+        except Exception as err:
+            tmp.unlink(missing_ok=True)
+            raise CwmError(f"exporting the library to {out_path} failed: {_first_line(err)}") from err
+        result.lib_path = out_path
+    result.seconds = time.time() - start
+    if out_path is not None:
+        from .database import atomic_write_text
+
+        atomic_write_text(sidecar_path(out_path), json.dumps(result.as_json(), indent=1) + "\n")
+    return result
+
+
+def sidecar_path(lib_path) -> Path:
+    lib_path = Path(lib_path)
+    return lib_path.with_name(lib_path.name + ".json")
+
+
+# --------------------------------------------------------------------------------------------
+# Run
+# --------------------------------------------------------------------------------------------
+
+
+def _device(device):
+    import tvm
+
+    if isinstance(device, str):
+        kind = device.split(":")[0]
+        index = int(device.split(":")[1]) if ":" in device else 0
+        dev = tvm.device(kind, index)
+    else:
+        dev = device
+    if not dev.exist:
+        raise CwmError(f"device {device} is not available here")
+    return dev
+
+
+def load_vm(lib_path, device="cpu"):
+    """A Relax VM on an exported library (``tvm.runtime.load_module``)."""
+    import tvm
+    from tvm import relax
+
+    lib_path = Path(lib_path)
+    if not lib_path.exists():
+        raise CwmError(f"library {lib_path} does not exist")
+    try:
+        lib = tvm.runtime.load_module(str(lib_path))
+    except Exception as err:
+        raise CwmError(f"cannot load {lib_path}: {_first_line(err)}") from err
+    return relax.VirtualMachine(lib, _device(device))
+
+
+def _fmt_shapes(items) -> str:
+    return ", ".join(f"{tuple(i['shape']) if i['shape'] is not None else '?'} {i['dtype']}" for i in items)
+
+
+def check_inputs(signature: dict, inputs: Sequence[np.ndarray]) -> None:
+    """CwmError unless ``inputs`` match the signature's count, shapes (static dims) and dtypes."""
+    expected = signature.get("inputs", [])
+    actual = [{"shape": list(np.shape(x)), "dtype": str(np.asarray(x).dtype)} for x in inputs]
+    bad = len(expected) != len(actual)
+    if not bad:
+        for e, a in zip(expected, actual):
+            if e["dtype"] is not None and e["dtype"] != a["dtype"]:
+                bad = True
+            elif e["shape"] is not None:
+                if len(e["shape"]) != len(a["shape"]) or any(
+                    isinstance(d, int) and d != s for d, s in zip(e["shape"], a["shape"])
+                ):
+                    bad = True
+    if bad:
+        raise CwmError(f"the network expects {len(expected)} input(s) [{_fmt_shapes(expected)}], "
+                       f"got {len(actual)} [{_fmt_shapes(actual)}]")
+
+
+def _to_numpy(value) -> list[np.ndarray]:
+    if hasattr(value, "numpy"):  # a tvm Tensor
+        return [value.numpy()]
+    try:  # a tuple of outputs (tvm_ffi Array)
+        items = list(value)
+    except TypeError:
+        return [np.asarray(value)]
+    return [a for v in items for a in _to_numpy(v)]
+
+
+def load_and_run(lib_path, inputs: list[np.ndarray], device="cpu") -> list[np.ndarray]:
+    """Run ``main`` of an exported library on the Relax VM; the outputs as numpy arrays (flattened
+    tuples). Inputs are checked against the signature stored beside the library before the call."""
+    import tvm
+
+    inputs = [np.asarray(x) for x in inputs]
+    side = sidecar_path(lib_path)
+    if side.exists():
+        check_inputs(json.loads(side.read_text()).get("signature", {}), inputs)
+    vm = load_vm(lib_path, device)
+    arity = int(vm._get_function_arity("main"))
+    if arity != len(inputs):
+        raise CwmError(f"the network expects {arity} input(s), got {len(inputs)} "
+                       f"[{_fmt_shapes([{'shape': list(x.shape), 'dtype': str(x.dtype)} for x in inputs])}]")
+    dev = _device(device)
+    args = [tvm.runtime.tensor(np.ascontiguousarray(x), device=dev) for x in inputs]
+    try:
+        out = vm["main"](*args)
+    except Exception as err:
+        raise CwmError(f"running {lib_path} failed: {_first_line(err)}") from err
+    return _to_numpy(out)
+
+
+# --------------------------------------------------------------------------------------------
+# Correctness against PyTorch
+# --------------------------------------------------------------------------------------------
+
+
+def model_family(model) -> str:
+    """'cnn', 'transformer' or 'mlp' (for ``TOLERANCES``), from the modules a model contains."""
+    import torch
+
+    kinds = {type(m).__name__ for m in model.modules()}
+    if any(isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)) for m in model.modules()):
+        return "cnn"
+    if any("Attention" in k or k in ("LayerNorm", "Embedding", "Conv1D") for k in kinds):
+        return "transformer"
+    return "mlp"
+
+
+def tolerance_for(model) -> tuple[float, float]:
+    """(rtol, atol) for comparing a TVM build of ``model`` with PyTorch; see ``TOLERANCES``."""
+    return TOLERANCES[model_family(model)]
+
+
+def torch_outputs(torch_model, example_inputs) -> list[np.ndarray]:
+    import torch
+
+    if not isinstance(example_inputs, (tuple, list)):
+        example_inputs = (example_inputs,)
+    with torch.no_grad():
+        out = torch_model.eval()(*example_inputs)
+    return _flatten_torch(out)
+
+
+def _flatten_torch(out) -> list[np.ndarray]:
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [out.detach().cpu().numpy()]
+    if isinstance(out, dict):
+        return [a for v in out.values() for a in _flatten_torch(v)]
+    if isinstance(out, (list, tuple)):
+        return [a for v in out for a in _flatten_torch(v)]
+    if hasattr(out, "to_tuple"):
+        return _flatten_torch(out.to_tuple())
+    return [np.asarray(out)]
+
+
+def check_against_torch(torch_model, example_inputs, outputs, rtol: float = 1e-4, atol: float = 1e-4) -> dict:
+    """Run ``torch_model`` on ``example_inputs`` and compare with ``outputs`` (np.allclose).
+
+    Tolerance: ``|tvm - torch| <= atol + rtol * |torch|`` elementwise. The defaults (1e-4, 1e-4)
+    suit shallow dense models; deep fp32 models need more, because reordered fp32 sums differ by
+    ~1e-5-1e-4: use ``tolerance_for(model)`` (1e-3 for conv nets and transformers; see
+    ``TOLERANCES`` for the reasoning). A mismatch raises ``CwmError`` with the max abs diff; it is
+    an error, not a warning. Returns ``{"max_abs_diff", "rtol", "atol", "outputs"}``.
+    """
+    expected = torch_outputs(torch_model, example_inputs)
+    outputs = [np.asarray(o) for o in outputs]
+    if len(expected) != len(outputs):
+        raise CwmError(f"PyTorch gives {len(expected)} output(s), the TVM module {len(outputs)}")
+    max_diff = 0.0
+    for i, (e, o) in enumerate(zip(expected, outputs)):
+        if e.shape != o.shape:
+            raise CwmError(f"output {i}: PyTorch shape {e.shape}, TVM shape {o.shape}")
+        diff = float(np.max(np.abs(o.astype(np.float64) - e.astype(np.float64)))) if e.size else 0.0
+        if not np.isfinite(diff):
+            diff = float("inf")
+        max_diff = max(max_diff, diff)
+        if not np.allclose(o, e, rtol=rtol, atol=atol):
+            raise CwmError(f"output {i} differs from PyTorch: max abs diff {diff:.3g} "
+                           f"(rtol {rtol:g}, atol {atol:g}, output magnitude {float(np.max(np.abs(e))):.3g})")
+    return {"max_abs_diff": max_diff, "rtol": rtol, "atol": atol, "outputs": len(outputs)}
+
+
+# --------------------------------------------------------------------------------------------
+# Timing
+# --------------------------------------------------------------------------------------------
+
+
+def set_threads(n: int = 2) -> None:
+    """Use ``n`` threads in PyTorch (intra-op) and in the TVM runtime thread pool."""
+    import torch
+    import tvm
+
+    torch.set_num_threads(n)
+    os.environ["TVM_NUM_THREADS"] = str(n)
+    try:
+        if tvm.runtime.num_threads() != n:
+            tvm.get_global_func("runtime.config_threadpool")(1, n)  # 1: the default ("big cores") mode
+    except Exception as err:  # an older runtime without the hook: the env var applies on first use
+        log.debug("cannot reconfigure the TVM thread pool: %s", err)
+
+
+def tvm_runner(lib_path, inputs, device="cpu") -> Callable[[], object]:
+    """A zero-argument callable that runs the library's ``main`` once on prepared inputs."""
+    import tvm
+
+    vm = load_vm(lib_path, device)
+    dev = _device(device)
+    side = sidecar_path(lib_path)
+    if side.exists():
+        check_inputs(json.loads(side.read_text()).get("signature", {}), [np.asarray(x) for x in inputs])
+    args = [tvm.runtime.tensor(np.ascontiguousarray(np.asarray(x)), device=dev) for x in inputs]
+    f = vm["main"]
+    on_cpu = str(dev).startswith("cpu")
+
+    def run():
+        out = f(*args)
+        if not on_cpu:  # wait for the device
+            dev.sync()
+        return out
+
+    return run
+
+
+def torch_runner(model, example_inputs, compile: bool = False) -> Callable[[], object]:
+    """A zero-argument callable that runs the model once (no grad); ``compile`` uses
+    ``torch.compile`` (inductor), which compiles lazily on the first call."""
+    import torch
+
+    if not isinstance(example_inputs, (tuple, list)):
+        example_inputs = (example_inputs,)
+    model = model.eval()
+    fn = torch.compile(model) if compile else model
+
+    def run():
+        with torch.no_grad():
+            return fn(*example_inputs)
+
+    return run
+
+
+@dataclass
+class Timing:
+    median_s: float
+    p10_s: float
+    p90_s: float
+    runs: int
+    samples: list = field(default_factory=list, repr=False)
+
+    def as_json(self) -> dict:
+        return {"median_ms": self.median_s * 1e3, "p10_ms": self.p10_s * 1e3, "p90_ms": self.p90_s * 1e3,
+                "runs": self.runs}
+
+
+def time_interleaved(contenders: dict[str, Callable[[], object]], *, runs: int = 30, warmup: int = 3,
+                     threads: int | None = 2) -> tuple[dict[str, Timing], dict[str, str]]:
+    """Time several callables in round-robin: each round calls every contender once (the order
+    rotates each round), so load changes on a shared machine hit all contenders alike.
+
+    A contender whose warm-up raises is dropped and its error recorded. Returns
+    ``({name: Timing}, {name: error})``; each Timing is the median of ``runs`` calls.
+    """
+    if threads:
+        set_threads(threads)
+    errors: dict[str, str] = {}
+    live = {}
+    for name, fn in contenders.items():
+        try:
+            for _ in range(max(1, warmup)):
+                fn()
+            live[name] = fn
+        except Exception as err:  # e.g. torch.compile without a working toolchain
+            errors[name] = f"{type(err).__name__}: {_first_line(err)}"[:500]
+            log.warning("%s failed in warm-up and is not timed: %s", name, errors[name])
+    samples: dict[str, list[float]] = {name: [] for name in live}
+    names = list(live)
+    for r in range(runs):
+        order = names[r % len(names):] + names[:r % len(names)] if names else []
+        for name in order:
+            t0 = time.perf_counter()
+            live[name]()
+            samples[name].append(time.perf_counter() - t0)
+    timings = {}
+    for name, s in samples.items():
+        a = np.asarray(s)
+        timings[name] = Timing(float(np.median(a)), float(np.percentile(a, 10)), float(np.percentile(a, 90)),
+                               len(s), list(s))
+    return timings, errors
+
+
+def time_module(lib_path, inputs, *, runs: int = 30, warmup: int = 3, threads: int = 2, device="cpu") -> Timing:
+    """Median latency of one exported library (``runs`` >= 30 for a report)."""
+    timings, errors = time_interleaved({"tvm": tvm_runner(lib_path, inputs, device)}, runs=runs,
+                                       warmup=warmup, threads=threads)
+    if errors:
+        raise CwmError(f"running {lib_path} failed: {errors['tvm']}")
+    return timings["tvm"]
+
+
+def time_torch(model, example_inputs, *, compile: bool = False, runs: int = 30, warmup: int = 3,
+               threads: int = 2) -> Timing:
+    """Median latency of a PyTorch model, eager or ``torch.compile`` (inductor)."""
+    timings, errors = time_interleaved({"torch": torch_runner(model, example_inputs, compile)}, runs=runs,
+                                       warmup=warmup, threads=threads)
+    if errors:
+        raise CwmError(f"PyTorch ({'compiled' if compile else 'eager'}) failed: {errors['torch']}")
+    return timings["torch"]
+
+
+def peak_matmul_stats(n: int = 1024, runs: int = 30, threads: int = 2) -> dict:
+    """GFLOP/s of an n x n x n fp32 torch matmul: ``{"median": ..., "best": ...}`` over ``runs`` calls
+    after warm-up (the best call is less sensitive to other load on a shared machine)."""
+    import torch
+
+    set_threads(threads)
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=gen)
+    b = torch.randn(n, n, generator=gen)
+    c = torch.empty(n, n)
+    for _ in range(3):
+        torch.matmul(a, b, out=c)
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        torch.matmul(a, b, out=c)
+        times.append(time.perf_counter() - t0)
+    flop = 2.0 * n ** 3
+    return {"median": flop / float(np.median(times)) / 1e9, "best": flop / float(np.min(times)) / 1e9}
+
+
+def peak_matmul_gflops(n: int = 1024, runs: int = 30, threads: int = 2) -> float:
+    """Measured fp32 peak for roofline fractions: GFLOP/s of an n x n x n torch matmul, median of
+    ``runs`` calls after warm-up."""
+    return peak_matmul_stats(n, runs, threads)["median"]

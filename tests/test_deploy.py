@@ -1,0 +1,231 @@
+"""Deployment: tuned database -> network library -> run -> compare with PyTorch; the e2e benchmark."""
+
+import json
+import logging
+import shutil
+
+import numpy as np
+import pytest
+
+from cwm.errors import CwmError
+
+torch = pytest.importorskip("torch")
+
+
+def _mlp():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).eval()
+    return model, (torch.randn(1, 32),)
+
+
+def _cnn():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4),
+    ).eval()
+    with torch.no_grad():  # non-trivial running statistics, so a wrong fold would show
+        bn = model[1]
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2.0)
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.uniform_(-0.5, 0.5)
+    return model, (torch.randn(1, 3, 16, 16),)
+
+
+@pytest.fixture(scope="module")
+def target():
+    from cwm.hardware import make_target
+
+    return make_target()
+
+
+def _tasks(mod, target, only_largest=False):
+    """Tasks as a user would make them: MetaSchedule's extraction wrapped in cwm Tasks."""
+    import tvm.s_tir.meta_schedule as ms
+
+    from cwm.deploy import fused_module
+    from cwm.workloads import Task
+
+    extracted = ms.relax_integration.extract_tasks(fused_module(mod, target), target)
+    tasks = [Task(name=str(e.task_name), mod=e.dispatched[0], weight=float(e.weight)) for e in extracted]
+    if only_largest:
+        tasks = [max(tasks, key=lambda t: t.flops)]
+    return tasks
+
+
+@pytest.fixture(scope="module")
+def mlp_build(tmp_path_factory, target):
+    """The MLP tuned for 8 trials (4 per task) with xgb, built and exported."""
+    from cwm.deploy import build_network, relax_from_torch
+    from cwm.tuning import tune
+
+    model, inputs = _mlp()
+    mod = relax_from_torch(model, inputs, target)
+    root = tmp_path_factory.mktemp("mlp")
+    db = root / "db"
+    tune(_tasks(mod, target), trials=8, work_dir=db, cost_model="xgb", target=target, progress=False,
+         num_trials_per_iter=4, report=False)
+    result = build_network(mod, db, target, root / "mlp.so")
+    return model, inputs, mod, db, result
+
+
+def test_mlp_tuned_build_runs_and_matches_torch(mlp_build):
+    from cwm.deploy import check_against_torch, load_and_run, sidecar_path
+
+    model, inputs, mod, db, result = mlp_build
+    assert result.lib_path.exists() and sidecar_path(result.lib_path).exists()
+    assert result.total_tasks == 2
+    assert result.tuned_tasks == 2 and result.missing == []  # both fused dense layers got their schedule
+    out = load_and_run(result.lib_path, [x.numpy() for x in inputs])
+    assert out[0].shape == (1, 10)
+    report = check_against_torch(model, inputs, out)  # default 1e-4 / 1e-4
+    assert report["max_abs_diff"] < 1e-4
+
+
+def test_cnn_tuned_build_folds_batch_norm_and_matches_torch(tmp_path, target):
+    from cwm.deploy import build_network, check_against_torch, fused_module, load_and_run, relax_from_torch, \
+        tolerance_for
+    from cwm.tuning import tune
+
+    model, inputs = _cnn()
+    mod = relax_from_torch(model, inputs, target)
+    ops = " ".join(mod.script().split())
+    assert "batch_norm" not in ops  # decomposed for inference, statistics folded into constants
+    # conv + batch norm + relu end up in one fused kernel: no separate batch-norm subgraph
+    prim = [gv.name_hint for gv, f in fused_module(mod, target).functions.items() if gv.name_hint != "main"]
+    conv = [n for n in prim if "conv2d" in n]
+    assert len(conv) == 1 and conv[0].endswith("relu"), prim
+    assert not any("batch_norm" in n for n in prim)
+
+    conv_task = _tasks(mod, target, only_largest=True)
+    assert "conv2d" in conv_task[0].name
+    tune(conv_task, trials=4, work_dir=tmp_path / "db", cost_model="xgb", target=target, progress=False,
+         num_trials_per_iter=4, report=False)
+    result = build_network(mod, tmp_path / "db", target, tmp_path / "cnn.so")
+    assert result.tuned_tasks == 1 and result.tuned == [conv_task[0].name]
+    assert result.total_tasks == len(prim) and len(result.missing) == result.total_tasks - 1
+    assert "relax.nn.batch_norm" not in result.relax_ops
+    out = load_and_run(result.lib_path, [x.numpy() for x in inputs])
+    rtol, atol = tolerance_for(model)
+    assert (rtol, atol) == (1e-3, 1e-3)
+    check_against_torch(model, inputs, out, rtol=rtol, atol=atol)
+
+
+def test_database_of_another_network_falls_back_visibly(mlp_build, tmp_path, target, caplog):
+    from cwm.deploy import build_network, check_against_torch, load_and_run, relax_from_torch, tolerance_for
+
+    _, _, _, mlp_db, _ = mlp_build
+    model, inputs = _cnn()
+    mod = relax_from_torch(model, inputs, target)
+    empty = tmp_path / "empty_db"
+    empty.mkdir()
+    for i, db in enumerate([empty, mlp_db]):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="cwm.deploy"):
+            result = build_network(mod, db, target, tmp_path / f"cnn{i}.so")
+        assert result.tuned_tasks == 0 and result.total_tasks > 0
+        assert len(result.missing) == result.total_tasks
+        assert any("conv2d" in n for n in result.missing)
+        assert any(r.levelno == logging.WARNING for r in caplog.records)
+        if db is mlp_db:  # the warning names the tasks that fall back
+            assert any(result.missing[0] in r.getMessage() for r in caplog.records)
+        out = load_and_run(result.lib_path, [x.numpy() for x in inputs])
+        check_against_torch(model, inputs, out, *tolerance_for(model))
+    assert not any(empty.iterdir())  # building does not write into the database directory
+
+
+def test_load_and_run_rejects_wrong_inputs(mlp_build):
+    from cwm.deploy import load_and_run
+
+    result = mlp_build[4]
+    with pytest.raises(CwmError, match=r"expects 1 input.*\(1, 32\) float32.*got 1.*\(1, 33\) float32"):
+        load_and_run(result.lib_path, [np.zeros((1, 33), "float32")])
+    with pytest.raises(CwmError, match=r"\(1, 32\) float32.*float64"):
+        load_and_run(result.lib_path, [np.zeros((1, 32), "float64")])
+    with pytest.raises(CwmError, match=r"expects 1 input.*got 2"):
+        load_and_run(result.lib_path, [np.zeros((1, 32), "float32")] * 2)
+
+
+def test_load_and_run_without_sidecar_still_checks_count(mlp_build, tmp_path):
+    from cwm.deploy import load_and_run
+
+    lib = tmp_path / "bare.so"
+    shutil.copy(mlp_build[4].lib_path, lib)
+    with pytest.raises(CwmError, match=r"expects 1 input\(s\), got 2"):
+        load_and_run(lib, [np.zeros((1, 32), "float32")] * 2)
+    with pytest.raises(CwmError):
+        load_and_run(lib, [np.zeros((1, 33), "float32")])  # the VM's own shape check, as a CwmError
+    assert load_and_run(lib, [np.zeros((1, 32), "float32")])[0].shape == (1, 10)
+
+
+def test_missing_database_and_library_are_clear_errors(mlp_build, tmp_path, target):
+    from cwm.deploy import build_network, load_and_run
+
+    mod = mlp_build[2]
+    with pytest.raises(CwmError, match="does not exist"):
+        build_network(mod, tmp_path / "no_such_db", target)
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "notes.txt").write_text("hi")
+    with pytest.raises(CwmError, match="not a MetaSchedule database"):
+        build_network(mod, tmp_path / "junk", target)
+    with pytest.raises(CwmError, match="does not exist"):
+        load_and_run(tmp_path / "missing.so", [np.zeros((1, 32), "float32")])
+
+
+def test_check_against_torch_mismatch_is_an_error():
+    from cwm.deploy import check_against_torch
+
+    model, inputs = _mlp()
+    with torch.no_grad():
+        good = model(*inputs).numpy()
+    assert check_against_torch(model, inputs, [good])["max_abs_diff"] == 0.0
+    with pytest.raises(CwmError, match="max abs diff 0.01"):
+        check_against_torch(model, inputs, [good + 0.01])
+
+
+def test_timing_helpers_interleave_and_report_medians():
+    from cwm.deploy import peak_matmul_gflops, time_interleaved
+
+    calls = []
+    timings, errors = time_interleaved(
+        {"a": lambda: calls.append("a"), "b": lambda: calls.append("b"), "bad": lambda: 1 / 0},
+        runs=4, warmup=1)
+    assert set(timings) == {"a", "b"} and "ZeroDivisionError" in errors["bad"]
+    assert calls[2:] == ["a", "b", "b", "a", "a", "b", "b", "a"]  # round-robin, rotating order
+    assert timings["a"].runs == 4 and timings["a"].median_s >= 0
+    assert peak_matmul_gflops(n=128, runs=5) > 0
+
+
+def test_e2e_benchmark_tiny_mode(mlp_build, tmp_path, target):
+    from cwm.benchmarks.e2e import run_e2e_benchmark
+
+    model, inputs, _, db, _ = mlp_build
+    work_root = tmp_path / "work"
+    # The MLP's database already holds 4 trials per task: the benchmark resumes it, no new tuning.
+    shutil.copytree(db, work_root / "mlp" / "xgb" / "seed0")
+    out = tmp_path / "out"
+    kwargs = dict(trials_per_task=4, seeds=(0,), cost_models=("xgb",), work_root=work_root, progress=False,
+                  runs=5, warmup=1, target=target, peak_n=256)
+    summary = run_e2e_benchmark([("mlp", model, inputs)], out, **kwargs)
+    for name in ("e2e.json", "e2e.png", "e2e.md"):
+        assert (out / name).stat().st_size > 0
+    data = json.loads((out / "e2e.json").read_text())
+    assert data == json.loads(json.dumps(summary))
+    assert {"config", "networks", "peak_matmul_gflops", "contenders", "geomean_speedup_vs_eager", "host"} <= set(data)
+    e = data["networks"]["mlp"]
+    assert e["status"] == "done" and e["tunable_tasks"] == 2 and e["trials_per_cost_model"] == 8
+    assert e["tuning"]["xgb"]["0"]["tasks_with_records"] == 2
+    assert e["builds"]["tvm_xgb@s0"]["tuned_tasks"] == 2 and e["builds"]["tvm_untuned"]["tuned_tasks"] == 0
+    assert all(c["ok"] for c in e["checks"].values())
+    for c in ("torch_eager", "tvm_untuned", "tvm_xgb"):
+        assert e["latency_ms"][c] > 0 and e["speedup_vs_eager"][c] > 0
+        assert e["timing"].get(c, e["timing"].get("tvm_xgb@s0"))["runs"] == 5
+    # torch.compile: a number, or the reason it failed here
+    assert e["latency_ms"]["torch_compile"] is not None or "torch_compile" in e["errors"]
+    assert e["roofline"] and 0 < e["roofline"][0]["by_cost_model"]["xgb"]["fraction_of_peak"]
+    assert data["geomean_speedup_vs_eager"]["tvm_xgb"] > 0
+    assert "geometric mean" in (out / "e2e.md").read_text()
+    # Resumable: a second run with the same settings skips the finished network.
+    again = run_e2e_benchmark([("mlp", model, inputs)], out, **kwargs)
+    assert again["networks"]["mlp"]["seconds"] == e["seconds"]
