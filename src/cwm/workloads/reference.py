@@ -30,28 +30,32 @@ REFERENCE_TASKS = [
     "matmul:M=128,N=128,K=128",
     "gpt2/fused_reshape12_multiply2_power_multiply3_add6_multiply4_tir_tanh_add7_multiply5_reshape13",
     "resnet18/fused_conv2d_subtract_divide_multiply_add_relu",
-    "dense:M=1,N=1000,K=2048",
     "mobilenet_v2/fused_conv2d20_subtract13_divide13_multiply13_add16_tir_clip8",
     "softmax:M=768,N=256",
     "conv2d_bias_relu:N=1,C=128,H=28,W=28,K=128,R=3,stride=1,pad=1",
     "bert-base/matmul2",
     "depthwise_conv2d:N=1,C=384,H=14,W=14,R=3,stride=1,pad=1",
-    "resnet50/fused_conv2d7_subtract5_divide5_multiply5_add6_add7_relu5",
     "avg_pool2d:N=1,C=256,H=28,W=28,R=2,stride=2,pad=0",
     "matmul:M=256,N=1000,K=512",
     "mobilenet_v2/fused_conv2d4_subtract3_divide3_multiply3_add3_tir_clip2",
-    "layernorm:M=256,N=1024",
     "batch_matmul:B=12,M=128,N=64,K=128",
     "resnet18/fused_conv2d3_subtract2_divide2_multiply2_add3_add4_relu2",
-    "dense_relu:M=1,N=4096,K=9216",
-    "mobilenet_v2/fused_conv2d6_subtract5_divide5_multiply5_add5_tir_clip3",
     "conv2d:N=1,C=64,H=56,W=56,K=64,R=3,stride=1,pad=0",
     "depthwise_conv2d:N=1,C=96,H=112,W=112,R=3,stride=2,pad=1",
-    "dense:M=128,N=768,K=768",
     "matmul:M=1024,N=1024,K=1024",
     "matmul:M=1024,N=1023,K=1024",
+]
+
+# Further tasks of the same networks, for a larger collection when time allows.
+EXTRA_TASKS = [
+    "mobilenet_v2/fused_conv2d6_subtract5_divide5_multiply5_add5_tir_clip3",
+    "dense:M=128,N=768,K=768",
     "conv2d_bias_relu:N=1,C=3,H=224,W=224,K=64,R=7,stride=2,pad=3",
     "resnet50/fused_conv2d22_subtract10_divide10_multiply10_add13_relu10",
+    "dense:M=1,N=1000,K=2048",
+    "dense_relu:M=1,N=4096,K=9216",
+    "resnet50/fused_conv2d7_subtract5_divide5_multiply5_add6_add7_relu5",
+    "layernorm:M=256,N=1024",
 ]
 
 
