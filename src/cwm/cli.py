@@ -154,7 +154,7 @@ def train(
     seed: int = typer.Option(0),
 ):
     """Train E (contrastive), F (rollout loss) and R (LambdaRank) on the train split."""
-    from .dataset import load_split
+    from .dataset import load_split, resolve_db
     from .training import TrainSettings, train as run_train
 
     _quiet_tvm_logs()
@@ -163,7 +163,7 @@ def train(
     settings.seed = seed
     if encoder_checkpoint:
         settings.encoder_checkpoint = str(encoder_checkpoint)
-    _, report = run_train(db, load_split(split), out, settings, cache_dir=cache_dir)
+    _, report = run_train(resolve_db(db), load_split(split), out, settings, cache_dir=cache_dir)
     typer.echo(json.dumps({"seconds": report.seconds, "validation": report.validation,
                            "peak_rss_mb": round(report.peak_rss_mb)}, default=float))
     typer.echo(f"model written to {out}")
@@ -179,14 +179,14 @@ def evaluate(
     cache_dir: Optional[Path] = typer.Option(None),
 ):
     """Offline ranking evaluation on the test tasks against xgb-static and the ablations."""
-    from .dataset import load_split
+    from .dataset import load_split, resolve_db
     from .evaluation import evaluate as run_eval
     from .training import TrainSettings
     from .world_model import default_model_dir
 
     _quiet_tvm_logs()
     settings = TrainSettings.tiny() if tiny else TrainSettings()
-    report = run_eval(model or default_model_dir(), db, load_split(split), out, settings=settings,
+    report = run_eval(model or default_model_dir(), resolve_db(db), load_split(split), out, settings=settings,
                       final_per_task=8 if tiny else 64, throughput_batch=64 if tiny else 512, cache_dir=cache_dir)
     for name, m in report["metrics"].items():
         typer.echo(f"{name:<14} pairwise {m['pairwise_accuracy']:.3f}  ndcg@10 {m['ndcg@10']:.3f}  "
@@ -206,7 +206,7 @@ def bench_search(
     seeds: int = typer.Option(3, help="Seeds per contender (at least 3 for a report)."),
     contenders: str = typer.Option(",".join(("cwm", "xgb", "xgb-pretrained", "random")), help="Comma-separated."),
     model: Optional[Path] = typer.Option(None, help="World model directory (default: the shipped model)."),
-    db: Path = typer.Option(Path("data/reference/db"), help="Training database (for xgb-pretrained)."),
+    db: Path = typer.Option(Path("reference"), help="Training database (for xgb-pretrained)."),
     split: Path = typer.Option(Path("data/reference/split.json"), help="Split (for xgb-pretrained)."),
     out: Path = typer.Option(Path("benchmarks/results/search")),
     work_root: Path = typer.Option(Path("runs/bench_search"), help="Per-run databases (resumable)."),
@@ -215,14 +215,14 @@ def bench_search(
 ):
     """Fixed-budget search against MetaSchedule's XGBoost model, interleaved, >= 3 seeds."""
     from .benchmarks.search import DEFAULT_SUBGRAPHS, run_search_benchmark
-    from .dataset import load_split
+    from .dataset import load_split, resolve_db
     from .world_model import default_model_dir
 
     _quiet_tvm_logs()
     chosen = [c.strip() for c in contenders.split(",") if c.strip()]
     summary = run_search_benchmark(
         subgraphs or DEFAULT_SUBGRAPHS, out, budget=budget, large_budget=large_budget, seeds=tuple(range(seeds)),
-        contenders=chosen, model_path=model or default_model_dir(), train_db=db,
+        contenders=chosen, model_path=model or default_model_dir(), train_db=resolve_db(db),
         split=load_split(split) if "xgb-pretrained" in chosen else None, work_root=work_root,
         num_trials_per_iter=per_iter, remeasure_runs=remeasure_runs)
     for c, o in summary["overall"].items():
@@ -238,10 +238,10 @@ def dataset_stats(
     plot: Optional[Path] = typer.Option(None, help="Write a PNG of action kinds and trajectory lengths."),
 ):
     """Records per task, valid/failed counts, latency spread, action kinds and trajectory lengths."""
-    from .dataset import load_dataset
+    from .dataset import load_dataset, resolve_db
     from .reports import plot_dataset_stats, format_dataset_stats
 
-    ds = load_dataset(db)
+    ds = load_dataset(resolve_db(db))
     stats = ds.stats()
     typer.echo(json.dumps(stats, indent=1) if as_json else format_dataset_stats(stats))
     if plot:
@@ -257,13 +257,27 @@ def dataset_split(
 ):
     """Write a train/val/test split by task (about 70/15/15, with held-out kinds and shapes)."""
     from .database import atomic_write_text
-    from .dataset import load_dataset, make_split
+    from .dataset import load_dataset, make_split, resolve_db
 
-    ds = load_dataset(db)
+    ds = load_dataset(resolve_db(db))
     split = make_split(ds.tasks, seed=seed)
     split["names"] = {k: [ds.tasks[t].name for t in v] for k, v in split.items()}
     atomic_write_text(out, json.dumps(split, indent=1) + "\n")
     typer.echo(" ".join(f"{k}={len(v)}" for k, v in split.items() if k != "names"))
+
+
+@dataset_app.command("pack")
+def dataset_pack(
+    db: Path = typer.Option(..., "--db", help="MetaSchedule JSON database directory."),
+    out: Path = typer.Option(Path("data/reference"), help="Directory for the archive and MANIFEST.json."),
+    split: Optional[Path] = typer.Option(None, help="Split JSON to summarize in the manifest."),
+):
+    """Compress a database into reference_db.tar.gz with a manifest (machine, target, counts)."""
+    from .dataset import load_split, pack_database
+
+    summary = pack_database(db, out, load_split(split) if split else None)
+    typer.echo(f"{summary['records']} records ({summary['valid']} valid) of {summary['tasks']} tasks; "
+               f"{summary['tasks_with_200_valid']} tasks have >= 200 valid -> {out / summary['archive']}")
 
 
 @dataset_app.command("export")
@@ -273,9 +287,9 @@ def dataset_export(
     states: bool = typer.Option(False, help="Include replayed intermediate and final states."),
 ):
     """Export trajectory records (initial state, actions, states, latency, hardware) as JSONL."""
-    from .dataset import load_dataset
+    from .dataset import load_dataset, resolve_db
 
-    n = load_dataset(db).export_jsonl(out, with_states=states)
+    n = load_dataset(resolve_db(db)).export_jsonl(out, with_states=states)
     typer.echo(f"{n} trajectories written to {out}")
 
 
