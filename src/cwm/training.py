@@ -22,9 +22,9 @@ log = logging.getLogger(__name__)
 @dataclass
 class TrainSettings:
     # encoder
-    encoder_states_per_task: int = 24
-    encoder_epochs: int = 4
-    encoder_max_seconds: float = 1200.0
+    encoder_states_per_task: int = 16
+    encoder_epochs: int = 3
+    encoder_max_seconds: float = 480.0
     encoder_hidden: int = 64
     encoder_layers: int = 2
     encoder_window: int = 128
@@ -32,10 +32,10 @@ class TrainSettings:
     encoder_max_windows: int = 24
     vocab_size: int = 2048
     # transition
-    transition_trajectories_per_task: int = 32
+    transition_trajectories_per_task: int = 24
     transition_steps_per_trajectory: int = 4
-    transition_epochs: int = 40
-    transition_max_seconds: float = 600.0
+    transition_epochs: int = 30
+    transition_max_seconds: float = 240.0
     # ranker
     ranker_estimators: int = 200
     seed: int = 0
