@@ -231,6 +231,74 @@ def bench_search(
     typer.echo(f"report: {out / 'search.json'}, {out / 'search.md'}, {out / 'search.png'}")
 
 
+@app.command()
+def build(
+    network: str = typer.Option(..., help="Network name (see `cwm workloads list`)."),
+    db: Optional[Path] = typer.Option(None, "--db", help="Tuned database directory (omit for untuned)."),
+    out: Path = typer.Option(Path("runs/build/network.so"), help="Shared library to write."),
+    target: Optional[str] = typer.Option(None, help="'cpu' (default), 'cuda' or target JSON."),
+):
+    """Build a network with its tuned schedules applied and export a shared library."""
+    from .deploy import build_network
+    from .hardware import make_target
+
+    _quiet_tvm_logs()
+    result = build_network(network, db, make_target(target), out)
+    typer.echo(f"{result.tuned_tasks}/{result.total_tasks} tasks tuned"
+               + (f"; missing from the database: {', '.join(result.missing)}" if result.missing else ""))
+    typer.echo(f"library: {result.lib_path}")
+
+
+@app.command()
+def run(
+    lib: Path = typer.Argument(..., help="Library written by `cwm build`."),
+    network: Optional[str] = typer.Option(None, help="Check the outputs against this PyTorch network."),
+    seed: int = typer.Option(0, help="Seed of the random inputs."),
+):
+    """Run a built network on the Relax VM with random inputs (checked against PyTorch with --network)."""
+    import numpy as np
+
+    from .deploy import check_against_torch, load_and_run, sidecar_path, tolerance_for
+    from .workloads.networks import torch_model
+
+    _quiet_tvm_logs()
+    if network:
+        model, example = torch_model(network)
+        inputs = [x.numpy() for x in example]
+    else:
+        meta = json.loads(sidecar_path(lib).read_text()) if sidecar_path(lib).exists() else None
+        if meta is None:
+            _fail(f"{lib} has no shape sidecar; pass --network to use the network's inputs")
+        rng = np.random.default_rng(seed)
+        inputs = [rng.standard_normal(i["shape"]).astype(i["dtype"]) for i in meta["inputs"]]
+    outputs = load_and_run(lib, inputs)
+    for i, o in enumerate(outputs):
+        typer.echo(f"output {i}: shape {tuple(o.shape)} {o.dtype}, mean {float(np.mean(o)):.6g}")
+    if network:
+        check_against_torch(model, example, outputs, **tolerance_for(model))
+        typer.echo("outputs match PyTorch")
+
+
+@bench_app.command("e2e")
+def bench_e2e(
+    networks: list[str] = typer.Argument(None, help="Networks (default: resnet18 resnet50 mobilenet_v2 bert-base gpt2)."),
+    trials_per_task: int = typer.Option(64, help="Tuning budget per task (weighted, gradient scheduler)."),
+    model: Optional[Path] = typer.Option(None, help="World model directory (default: the shipped model)."),
+    out: Path = typer.Option(Path("benchmarks/results/e2e")),
+    work_root: Path = typer.Option(Path("runs/bench_e2e"), help="Per-network tuning databases (resumable)."),
+    runs: int = typer.Option(30, help="Timed runs per contender (median), interleaved."),
+):
+    """End to end: PyTorch eager and compile vs TVM untuned, xgb-tuned and cwm-tuned networks."""
+    from .benchmarks.e2e import DEFAULT_NETWORKS, run_e2e_benchmark
+    from .world_model import default_model_dir
+
+    _quiet_tvm_logs()
+    summary = run_e2e_benchmark(networks or DEFAULT_NETWORKS, out, trials_per_task=trials_per_task,
+                                model_path=model or default_model_dir(), work_root=work_root, runs=runs)
+    typer.echo(json.dumps(summary.get("geomean_speedup_vs_eager", {}), default=float))
+    typer.echo(f"report: {out / 'e2e.json'}, {out / 'e2e.md'}, {out / 'e2e.png'}")
+
+
 @dataset_app.command("stats")
 def dataset_stats(
     db: Path = typer.Option(..., "--db", help="MetaSchedule JSON database directory."),

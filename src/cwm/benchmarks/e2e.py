@@ -175,11 +175,28 @@ def run_e2e_benchmark(
     from ..hardware import host_cpu, make_target
     from ..tuning import COST_MODELS
 
+    # Tuning imports tvm.s_tir.tensor_intrin; its TVMScript parser scans sys.modules on every
+    # inspect.getmodule call, which takes minutes once torch and transformers are loaded. Import
+    # it while sys.modules is still small (a no-op if it is already imported).
+    import tvm.s_tir.tensor_intrin  # noqa: F401
+
     if runs < 1 or trials_per_task < 1:
         raise CwmError("runs and trials_per_task must be positive")
     for cm in cost_models:
         if cm not in COST_MODELS:
             raise CwmError(f"unknown cost model {cm!r}; choose from {', '.join(COST_MODELS)}")
+    if "cwm" in cost_models:
+        from ..world_model import default_model_dir
+
+        path = Path(model_path) if model_path is not None else default_model_dir()
+        if not Path(path).exists():
+            raise CwmError(f"the cwm cost model needs a world model directory; {path} does not exist "
+                           "(pass model_path, or leave cwm out of cost_models)")
+    for net in networks:  # unknown names fail now, not after hours of tuning the others
+        if isinstance(net, str):
+            from ..workloads import get_network
+
+            get_network(net)
     seeds = tuple(int(s) for s in seeds) or (0,)
     target = make_target(target) if not hasattr(target, "kind") else target
     out_dir, work_root = Path(out_dir), Path(work_root)
@@ -204,11 +221,15 @@ def run_e2e_benchmark(
     summary["peak_matmul_gflops_best"] = peak["best"]
     summary["contenders"] = [EAGER, COMPILED, UNTUNED] + [tuned_name(cm) for cm in cost_models]
 
-    specs = [_network_spec(n) for n in networks]
-    for name, model, inputs in specs:
-        if name in summary["networks"]:
+    for net in networks:
+        if isinstance(net, str) or not isinstance(net, (tuple, list)) or len(net) != 3:
+            name = net
+        else:
+            name = str(net[0])
+        if isinstance(name, str) and name in summary["networks"]:
             log.info("%s: already benchmarked with these settings, skipped", name)
             continue
+        name, model, inputs = _network_spec(net)  # built only when needed
         entry = _benchmark_network(
             name, model, inputs, target=target, config=config, out_dir=out_dir, work_root=work_root,
             trials_per_task=trials_per_task, seeds=seeds, cost_models=cost_models, model_path=model_path,
@@ -273,16 +294,16 @@ def _benchmark_network(name, model, inputs, *, target, config, out_dir, work_roo
                                                           "seconds", "cached")}
 
     # 3. Correctness against PyTorch.
-    rtol, atol = deploy.tolerance_for(model)
+    tol = deploy.tolerance_for(model)
     np_inputs = [x.detach().cpu().numpy() for x in inputs]
     good = {}
     for key, (path, _) in libs.items():
         try:
             out = deploy.load_and_run(path, np_inputs)
-            entry["checks"][key] = {"ok": True, **deploy.check_against_torch(model, inputs, out, rtol=rtol, atol=atol)}
+            entry["checks"][key] = {"ok": True, **deploy.check_against_torch(model, inputs, out, **tol)}
             good[key] = path
         except CwmError as err:
-            entry["checks"][key] = {"ok": False, "error": str(err), "rtol": rtol, "atol": atol}
+            entry["checks"][key] = {"ok": False, "error": str(err), **tol}
             entry["errors"][key] = f"wrong output: {err}"
             log.error("%s %s: %s", name, key, err)
 
@@ -349,10 +370,6 @@ _LABELS = {EAGER: "PyTorch eager", COMPILED: "torch.compile", UNTUNED: "TVM untu
 
 def _label(c: str) -> str:
     return _LABELS.get(c, f"TVM tuned ({c[4:]})" if c.startswith("tvm_") else c)
-
-
-def _fmt(v, spec=".3f") -> str:
-    return "n/a" if v is None else format(v, spec)
 
 
 def markdown(summary: dict) -> str:
