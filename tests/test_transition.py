@@ -391,3 +391,436 @@ def test_unfitted_and_bad_shapes_raise():
         Transition(TransitionConfig(**TINY)).predict(np.zeros((1, 8), np.float32), [[]])
     with pytest.raises(CwmError):
         Transition(TransitionConfig(**TINY)).fit(np.zeros((2, 5), np.float32), [[], []], [{}, {}])
+
+
+# ------------------------------------------------------------- fast featurization & cache
+#
+# The fast single-pass featurization and its caches must give bitwise the same arrays as the
+# straightforward per-action definition, kept here as the reference (the pre-optimization
+# implementation, on the module's value helpers).
+
+import copy
+import random
+
+import cwm.action_features as af
+
+
+def _ref_put_tiles(row, factors):
+    prod = 0.0
+    for i, f in enumerate(factors):
+        if f is None:
+            continue
+        if i < af.MAX_TILE_FACTORS:
+            row[af._C_TILE0 + i] = af._slog(f)
+        if f > 0:
+            prod += math.log2(min(f, af._BIG))
+    row[af._C_TILE_COUNT] = af._slog(len(factors))
+    row[af._C_TILE_PROD] = prod
+
+
+def ref_encode_actions(actions):
+    acts = list(actions) if isinstance(actions, (list, tuple)) else []
+    T = len(acts)
+    kinds = np.zeros(T, dtype=np.int64)
+    rows = []
+    producers, values = {}, {}
+    in_postproc = 0.0
+    inv_T = 1.0 / T if T else 0.0
+    for t, act in enumerate(acts):
+        kind = af._kind_name(act)
+        kinds[t] = af.kind_id(kind)
+        inputs, attrs, outputs = (af._field(act, f) for f in ("inputs", "attrs", "outputs"))
+        row = [0.0] * NUM_ARGS
+        if kind in af._TILE_KINDS:
+            factors = af._tile_decision(act)
+            _ref_put_tiles(row, factors)
+            for name, f in zip(outputs, factors):
+                if f is not None and af._rv(name) == "v":
+                    values[name] = f
+        elif kind == "Split":
+            factors = [values.get(x) if af._rv(x) == "v" else af._num(x) for x in inputs[1:]]
+            _ref_put_tiles(row, factors)
+        elif kind == "SampleCategorical":
+            idx, value, n_cand, prob = af._categorical_choice(act)
+            if idx is not None:
+                row[af._C_CAT_INDEX] = float(min(idx, 1e6))
+            if value is not None:
+                row[af._C_CAT_VALUE] = af._slog(value)
+                if outputs and af._rv(outputs[0]) == "v":
+                    values[outputs[0]] = value
+            row[af._C_CAT_N] = af._slog(n_cand)
+            if prob is not None:
+                row[af._C_CAT_PROB] = max(-af._BIG, min(prob, af._BIG))
+        elif kind == "SampleComputeLocation":
+            d = af._num(af._decision(act))
+            if d is not None:
+                row[af._C_LOC] = af._slog(d)
+        if kind in ("Annotate", "Unannotate"):
+            key = af._first_str_attr(attrs)
+            ki = af.ANN_KEY_TO_INDEX.get(key) if key is not None else None
+            row[af._C_ANN_KEY0 + ki if ki is not None else af._C_ANN_OTHER] = 1.0
+            if kind == "Annotate" and len(inputs) > 1:
+                val = inputs[1]
+                if af._rv(val) == "v":
+                    v = values.get(val)
+                elif af._is_quoted_str(val):
+                    v = None
+                    row[af._C_ANN_STR] = 1.0
+                else:
+                    v = af._num(val)
+                if v is not None:
+                    row[af._C_ANN_VALUE] = af._slog(v)
+                    row[af._C_ANN_KNOWN] = 1.0
+        row[af._C_NIN] = af._slog(len(inputs))
+        row[af._C_NOUT] = af._slog(len(outputs))
+        r = 0
+        for x in inputs:
+            if r >= af.NUM_REFS:
+                break
+            cls = af._rv(x)
+            if cls is None or cls == "v":
+                continue
+            base = af._C_REF0 + r * af._REF_WIDTH
+            row[base + (0 if cls == "b" else 1)] = 1.0
+            prod = producers.get(x)
+            if prod is None:
+                row[base + 5] = 1.0
+            else:
+                p_idx, pos, n_out = prod
+                row[base + 2] = (t - p_idx) * inv_T
+                row[base + 3] = pos / (n_out - 1) if n_out > 1 else 0.0
+                row[base + 4] = af._slog(n_out)
+            r += 1
+        a = 0
+        for x in attrs:
+            if a >= af.NUM_ATTR_INTS:
+                break
+            if isinstance(x, (list, tuple, dict, str)) or x is None:
+                continue
+            v = af._num(x)
+            if v is not None:
+                row[af._C_ATTR0 + a] = af._slog(v)
+                a += 1
+        if kind in af._CACHE_READ_KINDS or kind in af._CACHE_WRITE_KINDS or kind == "SetScope":
+            scope = af._first_str_attr(attrs)
+            if scope is not None:
+                for si, s in enumerate(af._SCOPES):
+                    if scope == s or scope.startswith(s + "."):
+                        row[af._C_SCOPE0 + si] = 1.0
+                        break
+                else:
+                    row[af._C_SCOPE_OTHER] = 1.0
+        elif kind == "Bind":
+            axis = af._first_str_attr(attrs)
+            if axis is not None:
+                for bi, p in enumerate(af._BIND_PREFIXES):
+                    if axis.startswith(p):
+                        row[af._C_BIND0 + bi] = 1.0
+                        break
+        row[af._C_IR] = 0.0 if kind in af.NON_IR_KINDS else 1.0
+        if kind == "EnterPostproc":
+            in_postproc = 1.0
+        row[af._C_POST] = in_postproc
+        row[af._C_STEP] = t * inv_T
+        for pos, name in enumerate(outputs):
+            if isinstance(name, str):
+                producers[name] = (t, pos, len(outputs))
+        rows.append(row)
+    return {"kind": kinds, "args": np.asarray(rows, dtype=np.float32).reshape(T, NUM_ARGS)}
+
+
+def ref_structured_features(actions):
+    acts = list(actions) if isinstance(actions, (list, tuple)) else []
+    col = af._SCOL
+    out = np.zeros(NUM_STRUCT, dtype=np.float64)
+    out[col["traj_len"]] = len(acts)
+    counts = [0] * len(KNOWN_KINDS)
+    values, fused = {}, {}
+    tile_logs, inner_logs, locs = [], [], []
+    n_tile_samples = n_ir = n_post = 0
+    in_post = False
+    par_ext = vec_ext = unroll = unroll_explicit = 0.0
+    max_fused_par = max_fused_vec = 0
+    n_par = n_vec = n_bind_thread = 0
+    for act in acts:
+        kind = af._kind_name(act)
+        counts[af.kind_id(kind)] += 1
+        if kind not in af.NON_IR_KINDS:
+            n_ir += 1
+        if in_post:
+            n_post += 1
+        if kind == "EnterPostproc":
+            in_post = True
+        inputs, attrs, outputs = (af._field(act, f) for f in ("inputs", "attrs", "outputs"))
+        if kind in af._TILE_KINDS:
+            factors = af._tile_decision(act)
+            for name, f in zip(outputs, factors):
+                if f is not None and af._rv(name) == "v":
+                    values[name] = f
+            if kind == "SamplePerfectTile":
+                logs = [math.log2(min(f, af._BIG)) for f in factors if f is not None and f > 0]
+                if logs:
+                    n_tile_samples += 1
+                    tile_logs.extend(logs)
+                    last = factors[-1]
+                    if last is not None and last > 0:
+                        inner_logs.append(math.log2(min(last, af._BIG)))
+        elif kind == "SampleCategorical":
+            _, value, _, _ = af._categorical_choice(act)
+            if value is not None and outputs and af._rv(outputs[0]) == "v":
+                values[outputs[0]] = value
+        elif kind == "SampleComputeLocation":
+            d = af._num(af._decision(act))
+            if d is not None:
+                locs.append(max(-af._BIG, min(d, af._BIG)))
+        elif kind == "Fuse":
+            n = sum(fused.get(x, 1) for x in inputs if af._rv(x) == "l")
+            if outputs and isinstance(outputs[0], str):
+                fused[outputs[0]] = max(n, 1)
+        elif kind == "Parallel":
+            n_par += 1
+            if inputs and isinstance(inputs[0], str):
+                max_fused_par = max(max_fused_par, fused.get(inputs[0], 1))
+        elif kind == "Vectorize":
+            n_vec += 1
+            if inputs and isinstance(inputs[0], str):
+                max_fused_vec = max(max_fused_vec, fused.get(inputs[0], 1))
+        elif kind == "Bind":
+            axis = af._first_str_attr(attrs)
+            if axis is not None and axis.startswith("threadIdx"):
+                n_bind_thread += 1
+        elif kind == "Annotate" and len(inputs) > 1:
+            key = af._first_str_attr(attrs)
+            val = inputs[1]
+            v = values.get(val) if af._rv(val) == "v" else af._num(val)
+            if key is not None and v is not None:
+                lv = af._slog(v)
+                if key == "meta_schedule.parallel":
+                    par_ext = max(par_ext, lv)
+                elif key == "meta_schedule.vectorize":
+                    vec_ext = max(vec_ext, lv)
+                elif key in af._UNROLL_KEYS:
+                    unroll = max(unroll, lv)
+                    if key == "meta_schedule.unroll_explicit":
+                        unroll_explicit = 1.0
+    for i, k in enumerate(KNOWN_KINDS[1:], start=1):
+        out[col[f"count={k}"]] = counts[i]
+    out[col["n_ir_changing"]] = n_ir
+    out[col["n_postproc_actions"]] = n_post
+    if tile_logs:
+        out[col["tile_log2_mean"]] = sum(tile_logs) / len(tile_logs)
+        out[col["tile_log2_max"]] = max(tile_logs)
+        out[col["tile_log2_min"]] = min(tile_logs)
+    out[col["tile_n_samples"]] = n_tile_samples
+    if inner_logs:
+        out[col["tile_inner_log2_mean"]] = sum(inner_logs) / len(inner_logs)
+        out[col["tile_inner_log2_max"]] = max(inner_logs)
+        out[col["tile_inner_prod_log2"]] = sum(inner_logs)
+    out[col["parallel_extent_log2"]] = par_ext
+    out[col["vectorize_extent_log2"]] = vec_ext
+    out[col["unroll_max_step_log2"]] = unroll
+    out[col["unroll_explicit"]] = unroll_explicit
+    out[col["n_cache_read"]] = sum(counts[KIND_TO_ID[k]] for k in sorted(af._CACHE_READ_KINDS))
+    out[col["n_cache_write"]] = sum(counts[KIND_TO_ID[k]] for k in sorted(af._CACHE_WRITE_KINDS))
+    out[col["n_compute_at"]] = counts[KIND_TO_ID["ComputeAt"]]
+    out[col["n_reverse_compute_at"]] = counts[KIND_TO_ID["ReverseComputeAt"]]
+    out[col["n_inline"]] = counts[KIND_TO_ID["ComputeInline"]] + counts[KIND_TO_ID["ReverseComputeInline"]]
+    out[col["max_fused_parallel"]] = max_fused_par
+    out[col["max_fused_vectorize"]] = max_fused_vec
+    out[col["n_parallel_loops"]] = n_par
+    out[col["n_vectorize_loops"]] = n_vec
+    out[col["n_thread_binds"]] = n_bind_thread
+    if locs:
+        out[col["compute_location_mean"]] = sum(locs) / len(locs)
+    return np.nan_to_num(out, nan=0.0, posinf=0.0, neginf=0.0).astype(np.float32)
+
+
+def _bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+WEIRD_VALUES = [
+    None, float("nan"), float("inf"), -float("inf"), -0.0, 0.0, True, False, 0, 1, -1, -5, 3.5,
+    1e300, 10**400, -10**400, 2**70, 1024, 1025, "12", "-3", "1e400", "nan", "abc", "", '"q"',
+    '"', "v5", "v999", "l3", "b0", "b1\n", "x1", [], [1, [2]], (1, 2), {"a": 1}, {1, 2},
+    np.int64(7), np.float32(0.1), np.float64(-0.0), np.float32("nan"), np.bool_(True),
+    b"bytes", "+.5", "1_000", "\u0661\u0662", "meta_schedule.parallel",
+    "meta_schedule.unroll_explicit", '"meta_schedule.vectorize"', "global.x", "shared",
+    "threadIdx.y", "blockIdx.x", [0.25, -0.0, float("nan")], [2, 4, 1, 8, 2, 2, 2, 2, 2, 3],
+    [None, 2], ["4", "8"], [True, 2.0], [-0.0, 0.0, 1.0],
+]
+FUZZ_KINDS = list(KNOWN_KINDS) + ["Nope", "", None, 3, ["Split"], "split"]
+
+
+def fuzz_trajectories(n: int, seed: int) -> list:
+    """Trajectories with random weird kinds / fields / values mixed into real-looking ones."""
+    rng = random.Random(seed)
+    base = example_actions()
+    out = []
+    for _ in range(n):
+        acts = copy.deepcopy(base[: rng.randrange(0, len(base) + 1)])
+        for i, a in enumerate(acts):
+            if rng.random() < 0.35:
+                field = rng.choice(["kind", "inputs", "attrs", "outputs", "decision"])
+                m = rng.randrange(6)
+                if m == 0:
+                    a["kind"] = rng.choice(FUZZ_KINDS)
+                elif m == 1:
+                    a[field] = rng.choice(WEIRD_VALUES)
+                elif m == 2:
+                    a[field] = [rng.choice(WEIRD_VALUES) for _ in range(rng.randrange(6))]
+                elif m == 3 and isinstance(a.get(field), list) and a[field]:
+                    a[field][rng.randrange(len(a[field]))] = rng.choice(WEIRD_VALUES)
+                elif m == 4:
+                    a.pop(field, None)
+                else:
+                    acts[i] = rng.choice(["str", None, 5, [a], tuple(a.items())])
+        if rng.random() < 0.1:
+            acts = tuple(acts)
+        out.append(acts)
+    return out
+
+
+@pytest.fixture
+def fresh_cache():
+    af.clear_feature_cache()
+    yield
+    af.clear_feature_cache()
+
+
+def test_fast_featurization_matches_reference_bitwise(fresh_cache):
+    trajs = [example_actions(), []] + synthetic_trajectories(40, seed=7) + fuzz_trajectories(300, 11)
+    for _ in range(2):  # cold, then from the caches
+        for acts in trajs:
+            ref, ref_s = ref_encode_actions(acts), ref_structured_features(acts)
+            enc, s = encode_actions(acts), structured_features(acts)
+            assert _bits_equal(enc["kind"], ref["kind"]) and _bits_equal(enc["args"], ref["args"])
+            assert _bits_equal(s, ref_s)
+    for odd in (None, "abc", 5, {"kind": "Split"}):  # not a list of actions: empty trajectory
+        assert encode_actions(odd)["args"].shape == (0, NUM_ARGS)
+        assert _bits_equal(structured_features(odd), ref_structured_features(odd))
+
+
+def test_batch_api_equals_per_trajectory_api(fresh_cache):
+    trajs = [example_actions(), []] + synthetic_trajectories(20, seed=3) + fuzz_trajectories(60, 5)
+    trajs.append(trajs[2])  # duplicate within the batch
+    batch = af.encode_actions_batch(trajs)
+    struct = af.structured_features_batch(trajs)
+    B = len(trajs)
+    T = max(len(af._as_actions(t)) for t in trajs)
+    assert batch["kind"].shape == (B, T) and batch["kind"].dtype == np.int64
+    assert batch["args"].shape == (B, T, NUM_ARGS) and batch["args"].dtype == np.float32
+    assert batch["mask"].dtype == bool and struct.shape == (B, NUM_STRUCT)
+    assert struct.dtype == np.float32
+    for i, acts in enumerate(trajs):
+        ref = ref_encode_actions(acts)
+        n = len(ref["kind"])
+        assert batch["lengths"][i] == n and batch["mask"][i, :n].all() and not batch["mask"][i, n:].any()
+        assert _bits_equal(batch["kind"][i, :n], ref["kind"]) and not batch["kind"][i, n:].any()
+        assert _bits_equal(batch["args"][i, :n], ref["args"])
+        assert not batch["args"][i, n:].view(np.uint32).any()
+        assert _bits_equal(struct[i], ref_structured_features(acts))
+    # transition.encode_batch is the padded batch API, equal to pad_batch of the single API
+    kind, args, mask = encode_batch(trajs)
+    k2, a2, m2 = pad_batch([encode_actions(t) for t in trajs])
+    assert torch.equal(kind, k2) and torch.equal(mask, m2)
+    assert _bits_equal(args.numpy(), a2.numpy()) and _bits_equal(args.numpy(), batch["args"])
+    # generators and empty batches
+    assert af.structured_features_batch(iter(trajs[:3])).shape == (3, NUM_STRUCT)
+    empty = af.encode_actions_batch([])
+    assert empty["args"].shape == (0, 0, NUM_ARGS) and empty["mask"].shape == (0, 0)
+    assert af.structured_features_batch([]).shape == (0, NUM_STRUCT)
+    k0, a0, m0 = encode_batch([])
+    assert k0.shape == m0.shape == (0, 0) and a0.shape == (0, 0, NUM_ARGS)
+
+
+def test_cache_is_not_corrupted_by_mutation(fresh_cache):
+    acts = example_actions()
+    first = encode_actions(acts)
+    s_first = structured_features(acts)
+    assert af.feature_cache_info()["entries"] == 1
+    # results are fresh arrays: modifying them does not touch the cache
+    first["args"][:] = 7.0
+    first["kind"][:] = 3
+    s_first[:] = 7.0
+    again = encode_actions(copy.deepcopy(acts))
+    assert _bits_equal(again["args"], ref_encode_actions(acts)["args"])
+    assert _bits_equal(structured_features(acts), ref_structured_features(acts))
+    batch = af.encode_actions_batch([acts])
+    batch["args"][:] = 5.0
+    assert _bits_equal(encode_actions(acts)["args"], ref_encode_actions(acts)["args"])
+    assert af.feature_cache_info()["hits"] >= 3
+    # mutating the input (in place, deep inside) after a call gives the new result
+    acts[4]["decision"][0] = 64
+    acts[15]["decision"] = 3
+    acts.append({"kind": "Parallel", "inputs": ["l9"], "attrs": [], "outputs": [], "decision": None})
+    for _ in range(2):
+        assert _bits_equal(encode_actions(acts)["args"], ref_encode_actions(acts)["args"])
+        assert _bits_equal(structured_features(acts), ref_structured_features(acts))
+        assert _bits_equal(af.structured_features_batch([acts])[0], ref_structured_features(acts))
+
+
+def test_cache_keys_distinguish_equal_but_different_values(fresh_cache):
+    def cat(prob, decision):
+        return [{"kind": "SampleCategorical", "inputs": [], "attrs": [[1, 16, 64], [0.5, prob, 0.25]],
+                 "outputs": ["v0"], "decision": decision}]
+
+    # -0.0 and 0.0 compare equal but are different float32 bits; 1, 1.0 and True compare equal
+    variants = [cat(0.0, 1), cat(-0.0, 1), cat(0.0, 1.0), cat(0.0, True), cat(-0.0, 1.0),
+                [{"kind": "Annotate", "inputs": ["b0", 1], "attrs": ["meta_schedule.parallel"]}],
+                [{"kind": "Annotate", "inputs": ["b0", True], "attrs": ["meta_schedule.parallel"]}],
+                [{"kind": "Annotate", "inputs": ["b0", 1.0], "attrs": ["meta_schedule.parallel"]}],
+                [{"kind": "Annotate", "inputs": ["b0", np.float64(1.0)], "attrs": [0]}]]
+    for _ in range(2):
+        for acts in variants:
+            assert _bits_equal(encode_actions(acts)["args"], ref_encode_actions(acts)["args"])
+            assert _bits_equal(structured_features(acts), ref_structured_features(acts))
+    col = ARG_NAMES.index("cat_prob")
+    assert np.signbit(encode_actions(cat(-0.0, 1))["args"][0, col])
+    assert not np.signbit(encode_actions(cat(0.0, 1))["args"][0, col])
+    # unpicklable / cyclic inputs are simply not cached
+    cyclic = example_actions()[:3]
+    cyclic[0]["attrs"].append(cyclic)
+    assert _bits_equal(encode_actions(cyclic)["args"], ref_encode_actions(cyclic)["args"])
+
+
+def test_cache_size_is_bounded(fresh_cache, monkeypatch):
+    monkeypatch.setattr(af, "CACHE_MAX_ENTRIES", 5)
+    trajs = synthetic_trajectories(30, seed=2)
+    for t in trajs:
+        encode_actions(t)
+    assert af.feature_cache_info()["entries"] <= 5
+    monkeypatch.setattr(af, "CACHE_MAX_ENTRIES", 1000)
+    monkeypatch.setattr(af, "CACHE_MAX_BYTES", 60_000)
+    af.encode_actions_batch(trajs)
+    info = af.feature_cache_info()
+    assert 0 < info["bytes"] <= 60_000 and info["entries"] < 30
+    monkeypatch.setattr(af, "CACHE_MAX_ENTRIES", 0)  # disabled
+    af.clear_feature_cache()
+    batch = af.encode_actions_batch(trajs)
+    assert af.feature_cache_info()["entries"] == 0
+    for i, t in enumerate(trajs):
+        assert _bits_equal(batch["args"][i, : len(t)], ref_encode_actions(t)["args"])
+
+
+def test_per_action_memo_edge_cases(fresh_cache):
+    base = example_actions()
+    odd_strings = copy.deepcopy(base)
+    odd_strings[0]["attrs"] = ["a}(b", "main"]  # '}(' inside a value: extra split point
+    one_item = copy.deepcopy(base)
+    one_item[1] = {"kind": "GetSBlock"}  # 1-item dict: no '}(' of its own ...
+    one_item[2]["attrs"] = ["x}(y"]  # ... and one extra inside a value: the count still matches
+    nested = copy.deepcopy(base)
+    nested[3]["attrs"] = [{"k": 1, "j": 2}]
+    byte_7d = copy.deepcopy(base)
+    byte_7d[5]["attrs"] = [125, (1, 2, 3, 4)]  # BININT1 0x7d then MARK
+    long = (base * 40)[:1100]  # more than one pickle batch of list items
+    cases = [odd_strings, one_item, nested, byte_7d, long, base[:1], base[4:6], base[:5],
+             base[:5] + base[:5], list(reversed(base))]
+    for _ in range(2):
+        for acts in cases:
+            assert _bits_equal(encode_actions(acts)["args"], ref_encode_actions(acts)["args"])
+            assert _bits_equal(structured_features(acts), ref_structured_features(acts))
+        batch = af.encode_actions_batch(cases)
+        for i, acts in enumerate(cases):
+            assert _bits_equal(batch["args"][i, : len(acts)], ref_encode_actions(acts)["args"])

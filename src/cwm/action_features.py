@@ -13,11 +13,15 @@ Both are pure Python + numpy, deterministic, and never raise on odd values: any 
 not understood (unknown kinds, ``None``, nested lists, strings where numbers were expected)
 contributes zeros. Magnitudes are compressed with ``log2(1 + x)`` (sign-preserving for
 negative numbers) so that all columns stay within a few units.
+
+:func:`encode_actions_batch` / :func:`structured_features_batch` featurize many trajectories at
+once (padded / stacked). All four compute both views in one pass and keep them in an LRU cache
+keyed by the exact content of the trajectory (see "Result cache" below), since a search loop
+featurizes the same trajectories again and again; :func:`clear_feature_cache` empties it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import math
 import pickle
@@ -25,6 +29,7 @@ import re
 import threading
 from array import array
 from collections import OrderedDict
+from itertools import chain
 from typing import Any, Sequence
 
 import numpy as np
@@ -391,16 +396,21 @@ _SCOL: dict[str, int] = {n: i for i, n in enumerate(STRUCT_NAMES)}
 
 
 # --------------------------------------------------------------------------------------------
-# Fast single-pass featurization
+# Fast featurization
 # --------------------------------------------------------------------------------------------
 #
-# One pass over a trajectory produces both views (the per-action rows of ``encode_actions``
-# and the trajectory vector of ``structured_features``); they share the kind lookup, the field
-# extraction and the sampled-value table. Rows are written straight into a float32 buffer
-# (``array('f')``: the same double -> float32 rounding as ``np.asarray(..., float32)``).
-# Every float is produced by exactly the same Python operations, in the same order, as the
-# straightforward per-action definition (see the column docs above), so results are bitwise
-# identical to it; the memo tables below only cache pure functions of one number or one name.
+# Both views come out of one pass over the trajectory. Most of the work depends on one action
+# alone (kind, arity, attributes, sampled decision, ...) and search sees the same actions over
+# and over, so each distinct action is analysed once into a *record* (``_action_record``),
+# memoized under the action's own pickle, which comes for free from the pickle of the whole
+# trajectory made for the result cache key (``_records``). The pass (``_run``) then copies
+# each record's static row into a float32 buffer and only resolves what depends on earlier
+# actions: references to producers, Split factors and Annotate values through sampled
+# variables, fused loop counts; position / phase columns and kind counts are filled with numpy
+# afterwards. Every float is computed by the same operations, in the same order, as the
+# straightforward per-action definition (the column docs above), and rounded to float32 once
+# (``array('f')`` stores round like ``np.asarray(rows, dtype=np.float32)``), so the results
+# are bitwise identical to it.
 
 _K_GENERIC = 0
 _K_PTILE = 1  # SamplePerfectTile
@@ -441,15 +451,6 @@ _KINFO: dict[str, tuple[int, int, int]] = {
 }
 _KINFO_UNK: tuple[int, int, int] = (UNK_ID, _K_GENERIC, 0 if "<unk>" in NON_IR_KINDS else 1)
 _NK = len(KNOWN_KINDS)
-_EMPTY: list = []  # shared, never mutated
-
-#: Memo of ``_rv`` (pure function of a hashable value); cleared when it grows too large.
-_RV_MEMO: dict[Any, str | None] = {}
-#: Memo of ``_slog`` for finite numbers (equal numbers give equal results, -0.0 included).
-_SLOG_MEMO: dict[Any, float] = {i: v for i, v in enumerate(_LOG_TABLE)}
-#: Memo of ``math.log2(min(f, _BIG))`` for floats ``f > 0``.
-_LOG2_MEMO: dict[float, float] = {}
-_MEMO_LIMIT = 1 << 17
 
 _SC_TRAJ_LEN = _SCOL["traj_len"]
 _SC_COUNT0 = _SCOL[f"count={KNOWN_KINDS[1]}"]
@@ -486,328 +487,388 @@ _ID_INLINE = KIND_TO_ID["ComputeInline"]
 _ID_REV_INLINE = KIND_TO_ID["ReverseComputeInline"]
 
 
-def _rv_memo(x: Any) -> str | None:
-    """``_rv(x)`` through ``_RV_MEMO`` (unhashable values are never variable names)."""
-    try:
-        return _RV_MEMO[x]
-    except KeyError:
-        c = _rv(x)
-        if len(_RV_MEMO) >= _MEMO_LIMIT:
-            _RV_MEMO.clear()
-        _RV_MEMO[x] = c
-        return c
-    except TypeError:
-        return None
+_IR_BY_KID = [0] * _NK
+for _k, (_kid, _code, _ir) in _KINFO.items():
+    _IR_BY_KID[_kid] = _ir
+_IR_BY_KID[UNK_ID] = _KINFO_UNK[2]
+_IR_ARR = np.array(_IR_BY_KID, dtype=np.int64)
+_ZERO_ROW = array("f", bytes(4 * NUM_ARGS))
+_ZERO_BUF = array("f", bytes(4 * NUM_ARGS * 256))
+
+# Dynamic part of an action record: what depends on earlier actions of the trajectory.
+_D_ANN_LIT = 1  # Annotate literal value feeding a parallel / vectorize / unroll extent
+_D_ANN_VAR = 2  # Annotate value is a sampled variable
+_D_SPLIT = 3  # Split factors resolved through earlier samples
+_D_TILE = 4  # register sampled tile factors (and SamplePerfectTile statistics)
+_D_FUSE = 5
+_D_PAR = 6
+_D_VEC = 7
+_D_CAT = 8  # register the chosen categorical value
+_D_LOC = 9  # compute-location statistics
+_D_EP = 10
+_D_BIND_THREAD = 11
+
+#: Annotation key -> the structured extent its value feeds (0: none).
+_ANN_KEY_CLASS = {
+    "meta_schedule.parallel": 1,
+    "meta_schedule.vectorize": 2,
+    **{k: 3 for k in _UNROLL_KEYS},
+    "meta_schedule.unroll_explicit": 4,
+}
+
+_DICT_ONLY = {dict}
+#: Per-action memo: the pickle of one action (see ``_records``) -> its record.
+_REC_MEMO: dict[bytes, tuple] = {}
+_REC_MEMO_LIMIT = 100_000
+#: Resolved Split factors (floats / None) -> its tile columns. Equal factor tuples give equal
+#: columns (a -0.0 factor writes exactly what 0.0 does), so they can share them.
+_SPLIT_MEMO: dict[tuple, tuple] = {}
+_SPLIT_MEMO_LIMIT = 1 << 16
 
 
-def _slog_memo(x: float) -> float:
-    v = _SLOG_MEMO.get(x)
-    if v is None:
-        v = _slog(x)
-        if len(_SLOG_MEMO) >= _MEMO_LIMIT:
-            _SLOG_MEMO.clear()
-            _SLOG_MEMO.update(enumerate(_LOG_TABLE))
-        _SLOG_MEMO[x] = v
-    return v
+def _tile_writes(factors: Sequence[float | None]) -> tuple[tuple[tuple[int, float], ...], tuple]:
+    """Tile columns of ``factors`` (decision of a tile sample, or the factors of a Split) as
+    ``((column, value), ...)``, and the ``log2`` of each positive factor in order."""
+    writes = []
+    logs = []
+    prod = 0.0
+    for i, f in enumerate(factors):
+        if f is None:
+            continue
+        if i < MAX_TILE_FACTORS:
+            writes.append((_C_TILE0 + i, _slog(f)))
+        if f > 0:
+            lg = math.log2(min(f, _BIG))
+            prod += lg
+            logs.append(lg)
+    writes.append((_C_TILE_COUNT, _slog(len(factors))))
+    writes.append((_C_TILE_PROD, prod))
+    return tuple(writes), tuple(logs)
 
 
-def _log2_memo(f: float) -> float:
-    v = _LOG2_MEMO.get(f)
-    if v is None:
-        v = math.log2(min(f, _BIG))
-        if len(_LOG2_MEMO) >= _MEMO_LIMIT:
-            _LOG2_MEMO.clear()
-        _LOG2_MEMO[f] = v
-    return v
+# tile_0 .. tile_7, tile_count, tile_log2_prod are the first columns
+_N_TILE_COLS = _C_TILE_PROD + 1
+assert _C_TILE0 == 0 and _C_TILE_COUNT == MAX_TILE_FACTORS and _C_TILE_PROD == _C_TILE_COUNT + 1
 
 
-def _num_fast(x: Any) -> float | None:
-    """``_num`` with fast paths for exact ``int`` / ``float``."""
-    tx = type(x)
-    if tx is float:
-        return x if x - x == 0.0 else None
-    if tx is int:
-        try:
-            return float(x)
-        except OverflowError:
-            return None
-    return _num(x)
+def _split_tiles(factors: Sequence[float | None]) -> array:
+    """The tile columns (``[:_N_TILE_COLS]``) of a Split with resolved ``factors``."""
+    cols = array("f", bytes(4 * _N_TILE_COLS))
+    for c, v in _tile_writes(factors)[0]:
+        cols[c] = v
+    return cols
 
 
-def _featurize(acts: list) -> tuple[list[int], array, list]:
-    """One pass over a trajectory: (kind ids, float32 args buffer ``[T*NUM_ARGS]``, struct row).
+def _action_record(act: Any) -> tuple:
+    """Everything about one action that does not depend on the rest of the trajectory.
 
-    The struct row is a list of Python numbers in :data:`STRUCT_NAMES` order, before the final
-    float64 ``nan_to_num`` and float32 cast.
+    ``(kind id, static row, refs, output names, outputs, dynamic part)``:
+
+    * static row: ``array('f')`` with every column that depends on the action alone;
+    * refs: ``((name, column offset), ...)`` of the first two block / loop inputs, resolved
+      against earlier outputs by :func:`_run` (their is_block / is_loop flag is static);
+    * output names, outputs: the str outputs, and ``{name: (pos / (n - 1), log2(1 + n))}``;
+    * dynamic part: None, or a tuple starting with a ``_D_*`` code.
+    """
+    row = array("f", _ZERO_ROW)
+    if isinstance(act, dict):
+        k = act.get("kind")
+        kid, code, ir = _KINFO.get(k, _KINFO_UNK) if isinstance(k, str) else _KINFO_UNK
+        inputs = _as_list(act.get("inputs"))
+        attrs = _as_list(act.get("attrs"))
+        outputs = _as_list(act.get("outputs"))
+    else:
+        kid, code, ir = _KINFO_UNK
+        inputs, attrs, outputs = [], [], []
+    if ir:
+        row[_C_IR] = 1.0
+    dyn: tuple | None = None
+
+    if code == _K_PTILE or code == _K_QTILE:
+        factors = _tile_decision(act)
+        writes, logs = _tile_writes(factors)
+        for c, v in writes:
+            row[c] = v
+        pairs = tuple(
+            (name, f) for name, f in zip(outputs, factors) if f is not None and _rv(name) == "v"
+        )
+        inner = None
+        if code == _K_PTILE and logs:
+            last = factors[-1]
+            if last is not None and last > 0:
+                inner = math.log2(min(last, _BIG))
+        else:
+            logs = ()
+        if pairs or logs:
+            dyn = (_D_TILE, pairs, logs, inner)
+    elif code == _K_SPLIT:
+        src = tuple((x, None) if _rv(x) == "v" else (None, _num(x)) for x in inputs[1:])
+        # all factors are sampled variables (the usual case): resolved with one map()
+        names = tuple(x for x, _ in src) if all(x is not None for x, _ in src) else None
+        dyn = (_D_SPLIT, src, names)
+    elif code == _K_CAT:
+        idx, value, n_cand, prob = _categorical_choice(act)
+        if idx is not None:
+            row[_C_CAT_INDEX] = float(min(idx, 1e6))
+        if value is not None:
+            row[_C_CAT_VALUE] = _slog(value)
+            if outputs and _rv(outputs[0]) == "v":
+                dyn = (_D_CAT, ((outputs[0], value),))
+        row[_C_CAT_N] = _slog(n_cand)
+        if prob is not None:
+            row[_C_CAT_PROB] = max(-_BIG, min(prob, _BIG))
+    elif code == _K_LOC:
+        d = _num(_decision(act))
+        if d is not None:
+            row[_C_LOC] = _slog(d)
+            dyn = (_D_LOC, max(-_BIG, min(d, _BIG)))
+    elif code == _K_ANN or code == _K_UNANN:
+        key = _first_str_attr(attrs)
+        ki = ANN_KEY_TO_INDEX.get(key) if key is not None else None
+        row[_C_ANN_KEY0 + ki if ki is not None else _C_ANN_OTHER] = 1.0
+        if code == _K_ANN and len(inputs) > 1:
+            kc = _ANN_KEY_CLASS.get(key, 0) if key is not None else 0
+            val = inputs[1]
+            if _rv(val) == "v":
+                dyn = (_D_ANN_VAR, val, kc)
+            elif _is_quoted_str(val):
+                row[_C_ANN_STR] = 1.0
+            else:
+                v = _num(val)
+                if v is not None:
+                    lv = _slog(v)
+                    row[_C_ANN_VALUE] = lv
+                    row[_C_ANN_KNOWN] = 1.0
+                    if kc:
+                        dyn = (_D_ANN_LIT, lv, kc)
+    elif code == _K_EP:
+        dyn = (_D_EP,)
+    elif code == _K_FUSE:
+        lnames = tuple(x for x in inputs if _rv(x) == "l")
+        out = outputs[0] if outputs and isinstance(outputs[0], str) else None
+        dyn = (_D_FUSE, lnames, out)
+    elif code == _K_PAR or code == _K_VEC:
+        name = inputs[0] if inputs and isinstance(inputs[0], str) else None
+        dyn = (_D_PAR if code == _K_PAR else _D_VEC, name)
+    elif code == _K_SCOPE:
+        scope = _first_str_attr(attrs)
+        if scope is not None:
+            for si, s in enumerate(_SCOPES):
+                if scope == s or scope.startswith(s + "."):
+                    row[_C_SCOPE0 + si] = 1.0
+                    break
+            else:
+                row[_C_SCOPE_OTHER] = 1.0
+    elif code == _K_BIND:
+        axis = _first_str_attr(attrs)
+        if axis is not None:
+            for bi, p in enumerate(_BIND_PREFIXES):
+                if axis.startswith(p):
+                    row[_C_BIND0 + bi] = 1.0
+                    break
+            if axis.startswith("threadIdx"):
+                dyn = (_D_BIND_THREAD,)
+
+    # -- arity
+    row[_C_NIN] = _slog(len(inputs))
+    row[_C_NOUT] = _slog(len(outputs))
+
+    # -- references to blocks / loops
+    refs = []
+    for x in inputs:
+        if len(refs) >= NUM_REFS:
+            break
+        cls = _rv(x)
+        if cls is None or cls == "v":
+            continue
+        off = _C_REF0 + len(refs) * _REF_WIDTH
+        row[off + (0 if cls == "b" else 1)] = 1.0
+        refs.append((x, off))
+
+    # -- scalar integer attributes
+    a = 0
+    for x in attrs:
+        if a >= NUM_ATTR_INTS:
+            break
+        if isinstance(x, (list, tuple, dict, str)) or x is None:
+            continue
+        v = _num(x)
+        if v is not None:
+            row[_C_ATTR0 + a] = _slog(v)
+            a += 1
+
+    # -- outputs: what a reference to each of them reads
+    n_out = len(outputs)
+    reg: dict[str, tuple[float, float]] = {}
+    if n_out:
+        ln = _slog(n_out)
+        for pos, name in enumerate(outputs):
+            if isinstance(name, str):
+                reg[name] = (pos / (n_out - 1) if n_out > 1 else 0.0, ln)
+    return (kid, row, tuple(refs), tuple(reg), reg, dyn)
+
+
+def _records(acts: list, data: bytes | None) -> list[tuple]:
+    """Records of all actions, through the per-action memo.
+
+    ``data`` is the pickle of ``acts`` made for the trajectory cache key (protocol 3, no
+    memo). Each action dict with at least two items pickles to ``}(`` (EMPTY_DICT, MARK)
+    followed by its items and SETITEMS, so when there are exactly as many ``}(`` as actions,
+    splitting there yields each action's own pickle (the items; the last one also carries
+    the list's closing opcodes, which are cut off): an exact key per action without pickling
+    again. Anything else (other action types, ``}(`` inside values) is featurized without
+    the memo.
     """
     T = len(acts)
+    keys = None
+    if data is not None and 0 < T <= 1000:
+        segs = data.split(b"}(")
+        if len(segs) == T + 1 and set(map(type, acts)) == _DICT_ONLY and min(map(len, acts)) >= 2:
+            last = segs[T]
+            if last[-3:] in (b"ue.", b"ua."):
+                segs[T] = last[:-2]
+                keys = segs
+    if keys is None:
+        return [_action_record(a) for a in acts]
+    memo = _REC_MEMO
+    recs = list(map(memo.get, keys))
+    recs[0] = True  # keys[0] is the list's header
+    if None in recs:
+        if len(memo) + T > _REC_MEMO_LIMIT:
+            memo.clear()
+        for i, r in enumerate(recs):
+            if r is None:
+                r = recs[i] = _action_record(acts[i - 1])
+                memo[keys[i]] = r
+    del recs[0]
+    return recs
+
+
+def _run(recs: list[tuple]) -> tuple[list[int], array, list]:
+    """Both views of a trajectory from its action records, in one pass: (kind ids, float32
+    args ``[T * NUM_ARGS]``, struct row).
+
+    The struct row holds Python numbers in :data:`STRUCT_NAMES` order; the kind-count columns
+    (and what derives from them) are left at 0 and filled for a whole batch by
+    :func:`_struct_array`, which also does the final float64 ``nan_to_num`` and float32 cast.
+    """
+    T = len(recs)
     A = NUM_ARGS
     inv_T = 1.0 / T if T else 0.0
-    buf = array("f", bytes(4 * T * A))
-    kinds = [UNK_ID] * T
-    counts = [0] * _NK
-    producers: dict[str, tuple[int, int, int]] = {}
+    n = T * A
+    buf = _ZERO_BUF[:n] if n <= len(_ZERO_BUF) else array("f", bytes(4 * n))
+    # name -> index of the action that output it last (whose record has what a reference reads)
+    ptime: dict[str, int] = {}
+    # v-name -> value (tile factors, categorical candidate values)
     values: dict[str, float] = {}
+    # l-name -> number of original loops fused into it
     fused: dict[str, int] = {}
     tile_logs: list[float] = []
     inner_logs: list[float] = []
     locs: list[float] = []
-    n_tile_samples = n_ir = n_post = 0
-    in_post = False
+    n_tile_samples = 0
+    first_post = -1
     par_ext = vec_ext = unroll = 0.0
     unroll_explicit = 0.0
     max_fused_par = max_fused_vec = 0
     n_par = n_vec = n_bind_thread = 0
+    split_memo = _SPLIT_MEMO
+    vget = values.get
 
-    kinfo = _KINFO
-    unk = _KINFO_UNK
-    rvm = _RV_MEMO
-    slm = _SLOG_MEMO
-    lt = _LOG_TABLE
-    empty = _EMPTY
-    c_ir, c_post, c_step = _C_IR, _C_POST, _C_STEP
-    c_nin, c_nout, c_ref0, c_attr0 = _C_NIN, _C_NOUT, _C_REF0, _C_ATTR0
-
-    rb = -A
-    for t in range(T):
-        act = acts[t]
-        rb += A
-        if type(act) is dict or isinstance(act, dict):
-            k = act.get("kind")
-            if type(k) is str or isinstance(k, str):
-                kid, code, ir = kinfo.get(k, unk)
-            else:
-                kid, code, ir = unk
-            inputs = act.get("inputs")
-            if type(inputs) is not list:
-                inputs = _as_list(inputs)
-            attrs = act.get("attrs")
-            if type(attrs) is not list:
-                attrs = _as_list(attrs)
-            outputs = act.get("outputs")
-            if type(outputs) is not list:
-                outputs = _as_list(outputs)
-        else:
-            act = None
-            kid, code, ir = unk
-            inputs = attrs = outputs = empty
-
-        kinds[t] = kid
-        counts[kid] += 1
-        if ir:
-            n_ir += 1
-            buf[rb + c_ir] = 1.0
-        if in_post:
-            n_post += 1
-
-        # -- kind-specific columns and state
-        if code:
-            if code == _K_SPLIT:
-                factors = []
-                for x in inputs[1:]:
-                    try:
-                        cls = rvm[x]
-                    except (KeyError, TypeError):
-                        cls = _rv_memo(x)
-                    factors.append(values.get(x) if cls == "v" else _num_fast(x))
-                n = len(factors)
-                prod = 0.0
-                for i in range(n):
-                    f = factors[i]
-                    if f is None:
-                        continue
-                    if i < MAX_TILE_FACTORS:
-                        s = slm.get(f)
-                        buf[rb + _C_TILE0 + i] = s if s is not None else _slog_memo(f)
-                    if f > 0:
-                        lg = _LOG2_MEMO.get(f)
-                        prod += lg if lg is not None else _log2_memo(f)
-                buf[rb + _C_TILE_COUNT] = lt[n] if n <= 1024 else _slog(n)
-                buf[rb + _C_TILE_PROD] = prod
-            elif code == _K_PTILE or code == _K_QTILE:
-                dec = act.get("decision")
-                factors = [_num_fast(x) for x in (dec if type(dec) is list else _as_list(dec))]
-                n = len(factors)
-                prod = 0.0
-                logs = []
-                for i in range(n):
-                    f = factors[i]
-                    if f is None:
-                        continue
-                    if i < MAX_TILE_FACTORS:
-                        s = slm.get(f)
-                        buf[rb + _C_TILE0 + i] = s if s is not None else _slog_memo(f)
-                    if f > 0:
-                        lg = _LOG2_MEMO.get(f)
-                        if lg is None:
-                            lg = _log2_memo(f)
-                        prod += lg
-                        logs.append(lg)
-                buf[rb + _C_TILE_COUNT] = lt[n] if n <= 1024 else _slog(n)
-                buf[rb + _C_TILE_PROD] = prod
-                for name, f in zip(outputs, factors):
-                    if f is not None and _rv_memo(name) == "v":
-                        values[name] = f
-                if code == _K_PTILE and logs:
-                    n_tile_samples += 1
-                    tile_logs.extend(logs)
-                    last = factors[-1]
-                    if last is not None and last > 0:
-                        inner_logs.append(_log2_memo(last))
-            elif code == _K_ANN or code == _K_UNANN:
-                key = _first_str_attr(attrs)
-                ki = ANN_KEY_TO_INDEX.get(key) if key is not None else None
-                buf[rb + (_C_ANN_KEY0 + ki if ki is not None else _C_ANN_OTHER)] = 1.0
-                if code == _K_ANN and len(inputs) > 1:
-                    val = inputs[1]
-                    cls = _rv_memo(val)
-                    if cls == "v":
-                        v = values.get(val)
-                    elif _is_quoted_str(val):
-                        v = None
-                        buf[rb + _C_ANN_STR] = 1.0
+    rb = 0
+    for t, (_, row, refs, reg_names, _, dyn) in enumerate(recs):
+        buf[rb : rb + A] = row
+        if dyn is not None:
+            d0 = dyn[0]
+            if d0 <= _D_ANN_VAR:  # Annotate
+                if d0 == _D_ANN_LIT:
+                    lv = dyn[1]
+                else:
+                    v = vget(dyn[1])
+                    if v is None:
+                        lv = None
                     else:
-                        v = _num_fast(val)
-                    if v is not None:
-                        lv = _slog_memo(v)
+                        lv = _slog(v)
                         buf[rb + _C_ANN_VALUE] = lv
                         buf[rb + _C_ANN_KNOWN] = 1.0
-                        if key is not None:
-                            if key == "meta_schedule.parallel":
-                                par_ext = max(par_ext, lv)
-                            elif key == "meta_schedule.vectorize":
-                                vec_ext = max(vec_ext, lv)
-                            elif key in _UNROLL_KEYS:
-                                unroll = max(unroll, lv)
-                                if key == "meta_schedule.unroll_explicit":
-                                    unroll_explicit = 1.0
-            elif code == _K_FUSE:
-                n = 0
-                for x in inputs:
-                    if _rv_memo(x) == "l":
-                        n += fused.get(x, 1)
-                if outputs and isinstance(outputs[0], str):
-                    fused[outputs[0]] = max(n, 1)
-            elif code == _K_PAR:
+                kc = dyn[2]
+                if kc and lv is not None:
+                    if kc == 1:
+                        par_ext = max(par_ext, lv)
+                    elif kc == 2:
+                        vec_ext = max(vec_ext, lv)
+                    else:
+                        unroll = max(unroll, lv)
+                        if kc == 4:
+                            unroll_explicit = 1.0
+            elif d0 == _D_SPLIT:
+                if dyn[2] is not None:
+                    fs = tuple(map(vget, dyn[2]))
+                else:
+                    fs = tuple([vget(x) if x is not None else v for x, v in dyn[1]])
+                w = split_memo.get(fs)
+                if w is None:
+                    w = _split_tiles(fs)
+                    if len(split_memo) >= _SPLIT_MEMO_LIMIT:
+                        split_memo.clear()
+                    split_memo[fs] = w
+                buf[rb : rb + _N_TILE_COLS] = w
+            elif d0 == _D_TILE:
+                values.update(dyn[1])
+                if dyn[2]:
+                    n_tile_samples += 1
+                    tile_logs.extend(dyn[2])
+                    if dyn[3] is not None:
+                        inner_logs.append(dyn[3])
+            elif d0 == _D_FUSE:
+                k = 0
+                for x in dyn[1]:
+                    k += fused.get(x, 1)
+                if dyn[2] is not None:
+                    fused[dyn[2]] = max(k, 1)
+            elif d0 == _D_PAR:
                 n_par += 1
-                if inputs and isinstance(inputs[0], str):
-                    max_fused_par = max(max_fused_par, fused.get(inputs[0], 1))
-            elif code == _K_VEC:
+                if dyn[1] is not None:
+                    max_fused_par = max(max_fused_par, fused.get(dyn[1], 1))
+            elif d0 == _D_VEC:
                 n_vec += 1
-                if inputs and isinstance(inputs[0], str):
-                    max_fused_vec = max(max_fused_vec, fused.get(inputs[0], 1))
-            elif code == _K_CAT:
-                idx, value, n_cand, prob = _categorical_choice(act)
-                if idx is not None:
-                    buf[rb + _C_CAT_INDEX] = float(min(idx, 1e6))
-                if value is not None:
-                    buf[rb + _C_CAT_VALUE] = _slog_memo(value)
-                    if outputs and _rv_memo(outputs[0]) == "v":
-                        values[outputs[0]] = value
-                buf[rb + _C_CAT_N] = _slog(n_cand)
-                if prob is not None:
-                    buf[rb + _C_CAT_PROB] = max(-_BIG, min(prob, _BIG))
-            elif code == _K_LOC:
-                d = _num_fast(act.get("decision"))
-                if d is not None:
-                    buf[rb + _C_LOC] = _slog_memo(d)
-                    locs.append(max(-_BIG, min(d, _BIG)))
-            elif code == _K_EP:
-                in_post = True
-            elif code == _K_SCOPE:
-                scope = _first_str_attr(attrs)
-                if scope is not None:
-                    hit = False
-                    for si, s in enumerate(_SCOPES):
-                        if scope == s or scope.startswith(s + "."):
-                            buf[rb + _C_SCOPE0 + si] = 1.0
-                            hit = True
-                            break
-                    if not hit:
-                        buf[rb + _C_SCOPE_OTHER] = 1.0
-            elif code == _K_BIND:
-                axis = _first_str_attr(attrs)
-                if axis is not None:
-                    for bi, p in enumerate(_BIND_PREFIXES):
-                        if axis.startswith(p):
-                            buf[rb + _C_BIND0 + bi] = 1.0
-                            break
-                    if axis.startswith("threadIdx"):
-                        n_bind_thread += 1
+                if dyn[1] is not None:
+                    max_fused_vec = max(max_fused_vec, fused.get(dyn[1], 1))
+            elif d0 == _D_CAT:
+                values.update(dyn[1])
+            elif d0 == _D_LOC:
+                locs.append(dyn[1])
+            elif d0 == _D_EP:
+                if first_post < 0:
+                    first_post = t
+            elif d0 == _D_BIND_THREAD:
+                n_bind_thread += 1
+        for name, off in refs:
+            p = ptime.get(name)
+            o = rb + off
+            if p is None:
+                buf[o + 5] = 1.0
+            else:
+                buf[o + 2] = (t - p) * inv_T
+                pf, ln = recs[p][4][name]
+                if pf:
+                    buf[o + 3] = pf
+                buf[o + 4] = ln
+        for name in reg_names:
+            ptime[name] = t
+        rb += A
 
-        # -- phase / position
-        if in_post:
-            buf[rb + c_post] = 1.0
-        if t:
-            buf[rb + c_step] = t * inv_T
-
-        # -- arity and references to blocks / loops
-        nin = len(inputs)
-        if nin:
-            buf[rb + c_nin] = lt[nin] if nin <= 1024 else _slog(nin)
-            r = 0
-            for x in inputs:
-                try:
-                    cls = rvm[x]
-                except (KeyError, TypeError):
-                    cls = _rv_memo(x)
-                if cls is None or cls == "v":
-                    continue
-                base = rb + c_ref0 + r * _REF_WIDTH
-                buf[base if cls == "b" else base + 1] = 1.0
-                prod_ = producers.get(x)
-                if prod_ is None:
-                    buf[base + 5] = 1.0
-                else:
-                    p_idx, pos, n_out = prod_
-                    buf[base + 2] = (t - p_idx) * inv_T
-                    buf[base + 3] = pos / (n_out - 1) if n_out > 1 else 0.0
-                    buf[base + 4] = lt[n_out] if n_out <= 1024 else _slog(n_out)
-                r += 1
-                if r >= NUM_REFS:
-                    break
-
-        # -- scalar integer attributes
-        if attrs:
-            a = 0
-            for x in attrs:
-                tx = type(x)
-                if tx is int:
-                    try:
-                        v = float(x)
-                    except OverflowError:
-                        continue
-                elif tx is float:
-                    if x - x != 0.0:
-                        continue
-                    v = x
-                elif tx is str or tx is list or x is None or isinstance(x, (list, tuple, dict, str)):
-                    continue
-                else:
-                    v = _num(x)
-                    if v is None:
-                        continue
-                s = slm.get(v)
-                buf[rb + c_attr0 + a] = s if s is not None else _slog_memo(v)
-                a += 1
-                if a >= NUM_ATTR_INTS:
-                    break
-
-        # -- register outputs
-        if outputs:
-            n_out = len(outputs)
-            buf[rb + c_nout] = lt[n_out] if n_out <= 1024 else _slog(n_out)
-            pos = 0
-            for name in outputs:
-                if type(name) is str or isinstance(name, str):
-                    producers[name] = (t, pos, n_out)
-                pos += 1
+    # -- phase / position
+    if T:
+        rows = np.frombuffer(buf, dtype=np.float32).reshape(T, A)
+        # step_frac = t / T: the same float64 product as ``t * inv_T``, then float32
+        rows[1:, _C_STEP] = np.arange(1, T) * inv_T
+        if first_post >= 0:
+            rows[first_post:, _C_POST] = 1.0
 
     srow: list = [0.0] * NUM_STRUCT
     srow[_SC_TRAJ_LEN] = T
-    srow[_SC_COUNT0 : _SC_COUNT0 + _NK - 1] = counts[1:]
-    srow[_SC_N_IR] = n_ir
-    srow[_SC_N_POST] = n_post
+    srow[_SC_N_POST] = T - 1 - first_post if first_post >= 0 else 0
     if tile_logs:
         srow[_SC_TILE_MEAN] = sum(tile_logs) / len(tile_logs)
         srow[_SC_TILE_MAX] = max(tile_logs)
@@ -821,11 +882,6 @@ def _featurize(acts: list) -> tuple[list[int], array, list]:
     srow[_SC_VEC_EXT] = vec_ext
     srow[_SC_UNROLL] = unroll
     srow[_SC_UNROLL_EXPLICIT] = unroll_explicit
-    srow[_SC_CACHE_READ] = sum(counts[i] for i in _CACHE_READ_IDS)
-    srow[_SC_CACHE_WRITE] = sum(counts[i] for i in _CACHE_WRITE_IDS)
-    srow[_SC_COMPUTE_AT] = counts[_ID_COMPUTE_AT]
-    srow[_SC_REV_COMPUTE_AT] = counts[_ID_REV_COMPUTE_AT]
-    srow[_SC_INLINE] = counts[_ID_INLINE] + counts[_ID_REV_INLINE]
     srow[_SC_FUSED_PAR] = max_fused_par
     srow[_SC_FUSED_VEC] = max_fused_vec
     srow[_SC_N_PAR] = n_par
@@ -833,12 +889,25 @@ def _featurize(acts: list) -> tuple[list[int], array, list]:
     srow[_SC_N_BIND] = n_bind_thread
     if locs:
         srow[_SC_LOC_MEAN] = sum(locs) / len(locs)
-    return kinds, buf, srow
+    return [r[0] for r in recs], buf, srow
 
 
-def _struct_array(srows: list[list]) -> np.ndarray:
-    """float32 ``[n, NUM_STRUCT]`` from struct rows (float64, non-finite -> 0, then float32)."""
-    out = np.array(srows, dtype=np.float64).reshape(len(srows), NUM_STRUCT)
+def _struct_array(srows: list[list], kinds: list[list[int]]) -> np.ndarray:
+    """float32 ``[n, NUM_STRUCT]`` from :func:`_run` struct rows and kind ids: adds the
+    kind-count columns, then float64 ``nan_to_num`` and the float32 cast."""
+    n = len(srows)
+    out = np.array(srows, dtype=np.float64).reshape(n, NUM_STRUCT)
+    lengths = [len(k) for k in kinds]
+    flat = np.fromiter(chain.from_iterable(kinds), dtype=np.int64, count=sum(lengths))
+    which = np.repeat(np.arange(n, dtype=np.int64), lengths)
+    counts = np.bincount(which * _NK + flat, minlength=n * _NK).reshape(n, _NK)
+    out[:, _SC_COUNT0 : _SC_COUNT0 + _NK - 1] = counts[:, 1:]
+    out[:, _SC_N_IR] = counts @ _IR_ARR
+    out[:, _SC_CACHE_READ] = counts[:, _CACHE_READ_IDS].sum(axis=1)
+    out[:, _SC_CACHE_WRITE] = counts[:, _CACHE_WRITE_IDS].sum(axis=1)
+    out[:, _SC_COMPUTE_AT] = counts[:, _ID_COMPUTE_AT]
+    out[:, _SC_REV_COMPUTE_AT] = counts[:, _ID_REV_COMPUTE_AT]
+    out[:, _SC_INLINE] = counts[:, _ID_INLINE] + counts[:, _ID_REV_INLINE]
     return np.nan_to_num(out, nan=0.0, posinf=0.0, neginf=0.0).astype(np.float32)
 
 
@@ -847,93 +916,50 @@ def _struct_array(srows: list[list]) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 #
 # Search featurizes the same trajectories again and again, so results are memoized per
-# trajectory, keyed by the content of the action list: a 128-bit BLAKE2b digest of its pickle
-# (fast mode, no memo: the bytes depend only on the values and their exact types, so 1, 1.0,
-# True, -0.0 and 0.0, lists and tuples, numpy scalars and str subclasses all get distinct
-# keys). Trajectories that cannot be pickled (cycles, exotic objects) are simply not cached.
-# The key is a snapshot, so mutating an input list after a call cannot affect later results;
-# entries are stored compactly (nonzero bit patterns of the rows) and every call returns fresh
-# arrays, so callers may modify what they get back.
+# trajectory, keyed by the content of the action list: its pickle (fast mode, no memo: the
+# bytes depend only on the values and their exact types, so 1, 1.0, True, -0.0 and 0.0,
+# lists and tuples, numpy scalars and str subclasses all get distinct keys, and equal keys
+# mean equal inputs). Trajectories that cannot be pickled (cycles, exotic objects) are simply
+# not cached. The key is a snapshot taken before featurizing, so mutating an input afterwards
+# cannot affect later results. Cached arrays are read-only and never handed out: every call
+# returns fresh arrays, so callers may modify what they get back. Least recently used entries
+# are dropped beyond CACHE_MAX_ENTRIES trajectories or CACHE_MAX_BYTES bytes (keys and arrays;
+# about 18 kB for a trajectory of 46 actions).
 
-#: Maximum number of cached trajectories (0 disables the cache) and approximate byte budget.
+#: Maximum number of cached trajectories (0 disables the cache) and byte budget (keys + arrays).
 CACHE_MAX_ENTRIES = 50_000
-CACHE_MAX_BYTES = 256 << 20
+CACHE_MAX_BYTES = 512 << 20
 
 
 class _Entry:
-    __slots__ = ("T", "kinds", "idx", "bits", "struct", "nbytes")
+    """Both views of one trajectory (read-only arrays)."""
 
-    def __init__(self, T: int, kinds: np.ndarray, idx: np.ndarray, bits: np.ndarray,
-                 struct: np.ndarray):
-        self.T = T
-        self.kinds = kinds  # uint8 [T]
-        self.idx = idx  # flat indices into [T, NUM_ARGS] of the nonzero bit patterns
-        self.bits = bits  # uint32 bit patterns of the float32 values at idx
+    __slots__ = ("kinds", "args", "struct", "nbytes")
+
+    def __init__(self, kinds: np.ndarray, args: np.ndarray, struct: np.ndarray):
+        for a in (kinds, args, struct):
+            a.flags.writeable = False
+        self.kinds = kinds  # int64 [T]
+        self.args = args  # float32 [T, NUM_ARGS]
         self.struct = struct  # float32 [NUM_STRUCT]
-        self.nbytes = kinds.nbytes + idx.nbytes + bits.nbytes + struct.nbytes + 600
-
-    def args(self) -> np.ndarray:
-        out = np.zeros((self.T, NUM_ARGS), dtype=np.float32)
-        out.view(np.uint32).reshape(-1)[self.idx] = self.bits
-        return out
+        self.nbytes = kinds.nbytes + args.nbytes + struct.nbytes + 400
 
 
 _CACHE: OrderedDict[bytes, _Entry] = OrderedDict()
 _CACHE_BYTES = 0
 _CACHE_LOCK = threading.Lock()
 _CACHE_STATS = {"hits": 0, "misses": 0}
-assert len(KNOWN_KINDS) <= 256  # kind ids stored as uint8
-
-
-def _cache_key(acts: list) -> bytes | None:
-    try:
-        buf = io.BytesIO()
-        p = pickle.Pickler(buf, protocol=5)
-        p.fast = True
-        p.dump(acts)
-        return hashlib.blake2b(buf.getbuffer(), digest_size=16).digest()
-    except Exception:  # unpicklable / cyclic / too deep: not cached
-        return None
-
-
-def _cache_get(key: bytes) -> _Entry | None:
-    with _CACHE_LOCK:
-        e = _CACHE.get(key)
-        if e is not None:
-            _CACHE.move_to_end(key)
-            _CACHE_STATS["hits"] += 1
-        else:
-            _CACHE_STATS["misses"] += 1
-        return e
-
-
-def _cache_put(key: bytes, e: _Entry) -> None:
-    global _CACHE_BYTES
-    max_entries, max_bytes = int(CACHE_MAX_ENTRIES), int(CACHE_MAX_BYTES)
-    if max_entries <= 0 or e.nbytes > max_bytes:
-        return
-    with _CACHE_LOCK:
-        old = _CACHE.pop(key, None)
-        if old is not None:
-            _CACHE_BYTES -= old.nbytes
-        _CACHE[key] = e
-        _CACHE_BYTES += e.nbytes
-        while _CACHE and (len(_CACHE) > max_entries or _CACHE_BYTES > max_bytes):
-            _, old = _CACHE.popitem(last=False)
-            _CACHE_BYTES -= old.nbytes
 
 
 def clear_feature_cache() -> None:
-    """Drop all memoized featurization results (and the small per-value memo tables)."""
+    """Drop all memoized results (the trajectory cache and the per-action memo tables)."""
     global _CACHE_BYTES
     with _CACHE_LOCK:
         _CACHE.clear()
         _CACHE_BYTES = 0
         _CACHE_STATS.update(hits=0, misses=0)
-    _RV_MEMO.clear()
-    _LOG2_MEMO.clear()
-    _SLOG_MEMO.clear()
-    _SLOG_MEMO.update(enumerate(_LOG_TABLE))
+    _REC_MEMO.clear()
+    _SPLIT_MEMO.clear()
 
 
 def feature_cache_info() -> dict[str, int]:
@@ -950,50 +976,98 @@ def feature_cache_info() -> dict[str, int]:
 
 
 def _as_actions(actions: Any) -> list:
+    if type(actions) is list:
+        return actions
     return list(actions) if isinstance(actions, (list, tuple)) else []
 
 
-def _make_entry(kinds: list[int], buf: array, srow_f32: np.ndarray) -> _Entry:
-    T = len(kinds)
-    bits_all = np.frombuffer(buf, dtype=np.uint32) if T else np.zeros(0, np.uint32)
-    nz = np.flatnonzero(bits_all)  # -0.0 has a nonzero bit pattern and is kept
-    idx = nz.astype(np.uint16 if T * NUM_ARGS <= 65536 else np.int64)
-    return _Entry(T, np.array(kinds, dtype=np.uint8), idx, bits_all[nz], srow_f32)
+def _pickles(acts_list: list[list]) -> list[bytes | None]:
+    """Pickle of each action list (None when empty or not picklable): the cache key.
+
+    Fast mode (no memo), so the bytes depend only on the values and their exact types;
+    protocol 3, so there is no framing (``_records`` splits these bytes per action)."""
+    keys: list[bytes | None] = [None] * len(acts_list)
+    f = io.BytesIO()
+    p = pickle.Pickler(f, protocol=3)
+    p.fast = True
+    for i, acts in enumerate(acts_list):
+        if not acts:
+            continue  # empty: cheaper to compute than to look up
+        try:
+            f.seek(0)
+            f.truncate()
+            p.dump(acts)
+            keys[i] = f.getvalue()
+        except Exception:  # unpicklable, cyclic or too deep: not cached
+            f = io.BytesIO()
+            p = pickle.Pickler(f, protocol=3)
+            p.fast = True
+    return keys
 
 
-def _entries(actions_list: Sequence[Any]) -> list[_Entry]:
-    """Featurize (or fetch) every trajectory of a batch."""
-    use_cache = int(CACHE_MAX_ENTRIES) > 0
-    out: list[_Entry | None] = []
-    todo: list[tuple[int, bytes | None, list[int], array, list]] = []
-    pending: dict[bytes, int] = {}  # key -> index in todo (duplicates within the batch)
-    dup: list[tuple[int, int]] = []
-    for i, actions in enumerate(actions_list):
-        acts = _as_actions(actions)
-        key = _cache_key(acts) if use_cache and acts else None
-        if key is not None:
-            e = _cache_get(key)
-            if e is not None:
-                out.append(e)
-                continue
-            j = pending.get(key)
-            if j is not None:
-                out.append(None)
-                dup.append((i, j))
-                continue
-            pending[key] = len(todo)
-        out.append(None)
-        kinds, buf, srow = _featurize(acts)
-        todo.append((i, key, kinds, buf, srow))
-    if todo:
-        structs = _struct_array([t[4] for t in todo])
-        for (i, key, kinds, buf, _), s in zip(todo, structs):
-            e = _make_entry(kinds, buf, s.copy())
-            out[i] = e
-            if key is not None:
-                _cache_put(key, e)
-        for i, j in dup:
-            out[i] = out[todo[j][0]]
+def _entries(actions_list: Any) -> list[_Entry]:
+    """Both views of every trajectory of a batch, from the cache or freshly computed."""
+    global _CACHE_BYTES
+    items = actions_list if type(actions_list) is list else list(actions_list)
+    n = len(items)
+    acts_list = [_as_actions(a) for a in items]
+    max_entries, max_bytes = int(CACHE_MAX_ENTRIES), int(CACHE_MAX_BYTES)
+    use_cache = max_entries > 0 and max_bytes > 0
+    keys = _pickles(acts_list)
+    out: list[_Entry | None] = [None] * n
+    if use_cache:
+        with _CACHE_LOCK:
+            get, to_end = _CACHE.get, _CACHE.move_to_end
+            hits = 0
+            for i, k in enumerate(keys):
+                if k is not None:
+                    e = get(k)
+                    if e is not None:
+                        to_end(k)
+                        out[i] = e
+                        hits += 1
+            _CACHE_STATS["hits"] += hits
+            _CACHE_STATS["misses"] += n - hits
+    # featurize the rest, once per distinct key
+    todo: list[int] = []
+    first: dict[bytes, int] = {}
+    dups: list[tuple[int, int]] = []
+    for i in range(n):
+        if out[i] is None:
+            k = keys[i]
+            if k is not None and use_cache:
+                j = first.get(k)
+                if j is not None:
+                    dups.append((i, j))
+                    continue
+                first[k] = i
+            todo.append(i)
+    if not todo:
+        return out  # type: ignore[return-value]
+    results = [_run(_records(acts_list[i], keys[i])) for i in todo]
+    structs = _struct_array([r[2] for r in results], [r[0] for r in results])
+    new = []
+    for (kinds, buf, _), s in zip(results, structs):
+        args = np.frombuffer(buf, dtype=np.float32).reshape(len(kinds), NUM_ARGS)
+        new.append(_Entry(np.array(kinds, dtype=np.int64), args, s))
+    for i, e in zip(todo, new):
+        out[i] = e
+    for i, j in dups:
+        out[i] = out[j]
+    if use_cache:
+        with _CACHE_LOCK:
+            for i, e in zip(todo, new):
+                k = keys[i]
+                if k is None or e.nbytes + len(k) > max_bytes:
+                    continue
+                old = _CACHE.pop(k, None)
+                if old is not None:
+                    _CACHE_BYTES -= old.nbytes + len(k)
+                _CACHE[k] = e
+                _CACHE_BYTES += e.nbytes + len(k)
+            while _CACHE and (len(_CACHE) > max_entries or _CACHE_BYTES > max_bytes):
+                k, old = _CACHE.popitem(last=False)
+                _CACHE_BYTES -= old.nbytes + len(k)
     return out  # type: ignore[return-value]
 
 
@@ -1009,7 +1083,7 @@ def encode_actions(actions: list[dict]) -> dict[str, np.ndarray]:
     are described by :data:`ARG_NAMES`.
     """
     e = _entries([actions])[0]
-    return {"kind": e.kinds.astype(np.int64), "args": e.args()}
+    return {"kind": e.kinds.copy(), "args": e.args.copy()}
 
 
 def structured_features(actions: list[dict]) -> np.ndarray:
@@ -1021,29 +1095,27 @@ def encode_actions_batch(actions_list: Sequence[Sequence[dict]]) -> dict[str, np
     """:func:`encode_actions` of many trajectories, zero padded to the longest one ``T``.
 
     Returns ``{"kind": int64 [B, T], "args": float32 [B, T, NUM_ARGS], "mask": bool [B, T],
-    "lengths": int64 [B]}``; row ``i`` up to ``lengths[i]`` equals ``encode_actions(
-    actions_list[i])`` and padding is 0 (kind id 0 is padding).
+    "lengths": int64 [B]}``: ``kind[i, :lengths[i]]`` and ``args[i, :lengths[i]]`` equal
+    ``encode_actions(actions_list[i])``; padding is 0 (kind id 0 is padding).
     """
-    entries = _entries(list(actions_list))
+    entries = _entries(actions_list)
     B = len(entries)
-    lengths = np.array([e.T for e in entries], dtype=np.int64)
+    lengths = np.array([len(e.kinds) for e in entries], dtype=np.int64)
     T = int(lengths.max()) if B else 0
     kind = np.zeros((B, T), dtype=np.int64)
     args = np.zeros((B, T, NUM_ARGS), dtype=np.float32)
-    mask = np.arange(T) < lengths[:, None] if B else np.zeros((0, 0), dtype=bool)
-    if B and T:
-        kind[mask] = np.concatenate([e.kinds for e in entries])
-        counts = [len(e.idx) for e in entries]
-        if sum(counts):
-            idx = np.concatenate([e.idx for e in entries]).astype(np.int64)
-            idx += np.repeat(np.arange(B, dtype=np.int64) * (T * NUM_ARGS), counts)
-            args.view(np.uint32).reshape(-1)[idx] = np.concatenate([e.bits for e in entries])
+    mask = np.arange(T) < lengths[:, None]
+    for b, e in enumerate(entries):
+        n = len(e.kinds)
+        if n:
+            kind[b, :n] = e.kinds
+            args[b, :n] = e.args
     return {"kind": kind, "args": args, "mask": mask, "lengths": lengths}
 
 
 def structured_features_batch(actions_list: Sequence[Sequence[dict]]) -> np.ndarray:
-    """:func:`structured_features` of many trajectories stacked: float32 ``[B, NUM_STRUCT]``."""
-    entries = _entries(list(actions_list))
+    """:func:`structured_features` of many trajectories, stacked: float32 ``[B, NUM_STRUCT]``."""
+    entries = _entries(actions_list)
     if not entries:
         return np.zeros((0, NUM_STRUCT), dtype=np.float32)
     return np.stack([e.struct for e in entries])

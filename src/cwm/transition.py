@@ -29,7 +29,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .action_features import ARG_NAMES, KNOWN_KINDS, NUM_ARGS, encode_actions
+from .action_features import (
+    ARG_NAMES,
+    KNOWN_KINDS,
+    NUM_ARGS,
+    encode_actions,
+    encode_actions_batch,
+)
 from .errors import CwmError
 
 log = logging.getLogger(__name__)
@@ -301,24 +307,36 @@ def pad_batch(
     ``mask [B,T]`` bool, with ``T`` the longest trajectory.
     """
     B = len(encoded)
-    lengths = [int(len(e["kind"])) for e in encoded]
+    kinds = [e["kind"] for e in encoded]
+    argss = [e["args"] for e in encoded]
+    lengths = [int(len(k)) for k in kinds]
     T = max(lengths, default=0)
     kind = np.zeros((B, T), dtype=np.int64)
     args = np.zeros((B, T, NUM_ARGS), dtype=np.float32)
-    mask = np.zeros((B, T), dtype=bool)
-    for i, (e, n) in enumerate(zip(encoded, lengths)):
-        if n:
-            kind[i, :n] = e["kind"]
-            args[i, :n] = e["args"]
-            mask[i, :n] = True
+    mask = np.arange(T) < np.array(lengths, dtype=np.int64).reshape(B, 1)
+    if T and all(
+        type(k) is np.ndarray and k.dtype == np.int64 and k.shape == (n,)
+        and type(a) is np.ndarray and a.dtype == np.float32 and a.shape == (n, NUM_ARGS)
+        for k, a, n in zip(kinds, argss, lengths)
+    ):  # encode_actions outputs: two copies in all
+        kind[mask] = np.concatenate(kinds)
+        args[mask] = np.concatenate(argss)
+    else:
+        for i, (k, a, n) in enumerate(zip(kinds, argss, lengths)):
+            if n:
+                kind[i, :n] = k
+                args[i, :n] = a
     return torch.from_numpy(kind), torch.from_numpy(args), torch.from_numpy(mask)
 
 
 def encode_batch(
     actions_list: Sequence[Sequence[dict]],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``pad_batch([encode_actions(a) for a in actions_list])``: featurize once, predict often."""
-    return pad_batch([encode_actions(a) for a in actions_list])
+    """``pad_batch([encode_actions(a) for a in actions_list])``: featurize once, predict often.
+
+    Uses :func:`cwm.action_features.encode_actions_batch` (cached, padded in one go)."""
+    b = encode_actions_batch(actions_list)
+    return torch.from_numpy(b["kind"]), torch.from_numpy(b["args"]), torch.from_numpy(b["mask"])
 
 
 # --------------------------------------------------------------------------------------------

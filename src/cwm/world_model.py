@@ -32,9 +32,11 @@ LATENTS = ("rollout", "final", "initial", "none")
 def feature_names(latent_dim: int, latent: str) -> list[str]:
     from .action_features import STRUCT_NAMES
     from .hardware import HARDWARE_FEATURE_NAMES
+    from .schedule_features import SCHEDULE_FEATURE_NAMES
 
     z = [] if latent == "none" else [f"z{i}" for i in range(latent_dim)]
-    return z + [f"act:{n}" for n in STRUCT_NAMES] + [f"hw:{n}" for n in HARDWARE_FEATURE_NAMES]
+    return (z + [f"act:{n}" for n in STRUCT_NAMES] + [f"sched:{n}" for n in SCHEDULE_FEATURE_NAMES]
+            + [f"hw:{n}" for n in HARDWARE_FEATURE_NAMES])
 
 
 def layout_id(names: list[str]) -> str:
@@ -91,7 +93,8 @@ class WorldModel:
     def features(self, initial_text: str, actions_list: list[list[dict]], hardware: dict | None = None,
                  final_latents: np.ndarray | None = None) -> np.ndarray:
         """Ranker features of candidates that share one initial state."""
-        from .action_features import structured_features
+        from .action_features import structured_features_batch
+        from .schedule_features import schedule_features
 
         n = len(actions_list)
         parts = []
@@ -105,9 +108,12 @@ class WorldModel:
             if final_latents is None:
                 raise CwmError("the final-state ablation needs the encoded final states")
             parts.append(np.asarray(final_latents, dtype=np.float32))
-        parts.append(np.stack([structured_features(a) for a in actions_list]).astype(np.float32)
+        parts.append(structured_features_batch(actions_list).astype(np.float32)
                      if n else np.zeros((0, len(self.feature_names)), np.float32))
-        parts.append(np.repeat(self.hardware_vector(hardware)[None, :], n, axis=0))
+        hw = self.hardware_vector(hardware)
+        cores, lanes = int(hw[0]) or 1, max(1, int(hw[1]) // 32)  # cores, fp32 SIMD lanes
+        parts.append(np.stack([schedule_features(a, cores, lanes) for a in actions_list]))
+        parts.append(np.repeat(hw[None, :], n, axis=0))
         return np.concatenate(parts, axis=1)
 
     def predict(self, initial_text: str, actions_list: list[list[dict]], hardware: dict | None = None,
