@@ -76,46 +76,10 @@ TOLERANCES: dict[str, dict] = {
 
 
 def relax_from_torch(model, example_inputs, target=None, *, bind_params: bool = True):
-    """Export a PyTorch model to Relax with its parameters bound, ready for fusion and tuning.
+    """Export any PyTorch model to Relax for this target (see ``networks.relax_from_torch``)."""
+    from .workloads.networks import relax_from_torch as export
 
-    The same steps as ``cwm.workloads.networks.relax_module`` (which does this for the named
-    networks): ``torch.export`` -> ``from_exported_program`` -> bind the weights as constants ->
-    ``DecomposeOpsForInference`` (eval-mode batch norm becomes elementwise ``(x - mean) /
-    sqrt(var + eps) * gamma + beta``) -> ``CanonicalizeBindings`` -> ``FoldConstant`` (the
-    statistics terms become constants). No ``batch_norm`` op is left, and FuseOps later folds the
-    elementwise ops into the convolution's epilogue: conv + batch norm + ReLU is one kernel.
-    The model is put in eval mode.
-    """
-    import torch
-    import tvm
-    from tvm import relax
-    from tvm.relax.frontend.torch import from_exported_program
-
-    target = _as_target(target)
-    if not isinstance(example_inputs, (tuple, list)):
-        example_inputs = (example_inputs,)
-    model = model.eval()
-    try:
-        with torch.no_grad():
-            exported = torch.export.export(model, tuple(example_inputs))
-        mod = from_exported_program(exported, keep_params_as_input=True)
-    except Exception as err:  # export and the frontend raise many error types
-        raise CwmError(f"cannot import {type(model).__name__} into Relax: {_first_line(err)}") from err
-    mod, params = relax.frontend.detach_params(mod)
-    if bind_params and params.get("main"):
-        fparams = mod["main"].params
-        weights = params["main"]
-        bound = dict(zip(fparams[len(fparams) - len(weights):], weights))
-        mod = relax.transform.BindParams("main", bound)(mod)
-    with target:
-        mod = tvm.transform.Sequential(
-            [
-                relax.transform.DecomposeOpsForInference(),
-                relax.transform.CanonicalizeBindings(),
-                relax.transform.FoldConstant(),
-            ]
-        )(mod)
-    return mod
+    return export(model, example_inputs, _as_target(target), bind_params=bind_params)
 
 
 def relax_op_counts(mod) -> dict[str, int]:

@@ -100,19 +100,31 @@ def torch_model(name: str):
     return get_network(name).build()
 
 
-def relax_module(name: str, target, *, bind_params: bool = True):
-    """Export a network to Relax with its parameters bound, ready for fusion and tuning."""
+def relax_from_torch(model, example_inputs, target, *, bind_params: bool = True):
+    """Export a PyTorch model to Relax with its parameters bound, ready for fusion and tuning.
+
+    ``torch.export`` -> ``from_exported_program`` -> bind the weights as constants ->
+    ``DecomposeOpsForInference`` (eval-mode batch norm becomes elementwise arithmetic) ->
+    ``CanonicalizeBindings`` -> ``FoldConstant``. No ``batch_norm`` op is left, so FuseOps later
+    folds it into the convolution's epilogue. The model is put in eval mode.
+    """
     import torch
     import tvm
     from tvm import relax
     from tvm.relax.frontend.torch import from_exported_program
 
-    model, inputs = torch_model(name)
-    with torch.no_grad():
-        exported = torch.export.export(model, inputs)
-    mod = from_exported_program(exported, keep_params_as_input=True)
+    if not isinstance(example_inputs, (tuple, list)):
+        example_inputs = (example_inputs,)
+    model = model.eval()
+    try:
+        with torch.no_grad():
+            exported = torch.export.export(model, tuple(example_inputs))
+        mod = from_exported_program(exported, keep_params_as_input=True)
+    except Exception as err:  # export and the frontend raise many error types
+        first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise CwmError(f"cannot import {type(model).__name__} into Relax: {first}") from err
     mod, params = relax.frontend.detach_params(mod)
-    if bind_params:
+    if bind_params and params.get("main"):
         fparams = mod["main"].params
         weights = params["main"]
         bound = dict(zip(fparams[len(fparams) - len(weights):], weights))
@@ -126,6 +138,12 @@ def relax_module(name: str, target, *, bind_params: bool = True):
             ]
         )(mod)
     return mod
+
+
+def relax_module(name: str, target, *, bind_params: bool = True):
+    """Export a named network to Relax (see ``relax_from_torch``)."""
+    model, inputs = torch_model(name)
+    return relax_from_torch(model, inputs, target, bind_params=bind_params)
 
 
 def fuse(mod, target):
