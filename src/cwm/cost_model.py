@@ -111,12 +111,17 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
             if res.error_msg is None and secs and all(0 < s < 1e9 for s in secs):
                 store["X"].append(row)
                 store["latency"].append(float(np.median(secs)))
-        if len(store["latency"]) < self.min_update:
-            return
+        self._adapt(tid)
+
+    def _adapt(self, tid: str) -> None:
+        """Continue boosting a copy of the pretrained ranker on the task's measured candidates."""
         import copy
 
-        ranker = copy.deepcopy(self.model.ranker)
+        store = self.measured[tid]
         n = len(store["latency"])
+        if n < self.min_update:
+            return
+        ranker = copy.deepcopy(self.model.ranker)
         ranker.update(np.stack(store["X"]), np.asarray(store["latency"]), np.array([tid] * n),
                       num_boost_round=self.update_rounds)
         self.adapted[tid] = ranker
@@ -133,15 +138,8 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
             tids = {k.split("/")[0] for k in data.files}
             self.measured = {t: {"X": list(data[f"{t}/X"]), "latency": list(data[f"{t}/latency"])} for t in tids}
         self.adapted = {}
-        for tid, store in self.measured.items():
-            import copy
-
-            ranker = copy.deepcopy(self.model.ranker)
-            n = len(store["latency"])
-            if n >= self.min_update:
-                ranker.update(np.stack(store["X"]), np.asarray(store["latency"]), np.array([tid] * n),
-                              num_boost_round=self.update_rounds)
-                self.adapted[tid] = ranker
+        for tid in self.measured:
+            self._adapt(tid)
 
 
 def measure_candidates(mod, actions_list) -> list:
