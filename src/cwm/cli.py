@@ -153,17 +153,24 @@ def train(
     cache_dir: Optional[Path] = typer.Option(None, help="Cache for replayed states and latents."),
     seed: int = typer.Option(0),
 ):
-    """Train E (contrastive), F (rollout loss) and R (LambdaRank) on the train split."""
+    """Train E (contrastive), F (rollout loss) and R (LambdaRank) on the train split.
+
+    Data-parallel on CPU: torchrun --nproc_per_node 2 -m cwm.cli train --db ... (rank 0 writes).
+    """
+    from . import distributed
     from .dataset import load_split, resolve_db
     from .training import TrainSettings, train as run_train
 
     _quiet_tvm_logs()
-    logging.getLogger("cwm").setLevel(logging.INFO)
     settings = TrainSettings.tiny() if tiny else TrainSettings()
     settings.seed = seed
     if encoder_checkpoint:
         settings.encoder_checkpoint = str(encoder_checkpoint)
-    _, report = run_train(resolve_db(db), load_split(split), out, settings, cache_dir=cache_dir)
+    with distributed.process_group():  # under torchrun; a no-op in a single process
+        logging.getLogger("cwm").setLevel(logging.INFO if distributed.is_main() else logging.WARNING)
+        _, report = run_train(resolve_db(db), load_split(split), out, settings, cache_dir=cache_dir)
+        if not distributed.is_main():
+            return
     typer.echo(json.dumps({"seconds": report.seconds, "validation": report.validation,
                            "peak_rss_mb": round(report.peak_rss_mb)}, default=float))
     typer.echo(f"model written to {out}")
@@ -380,3 +387,7 @@ def main() -> None:
             err.show()
             sys.exit(err.exit_code)
         raise
+
+
+if __name__ == "__main__":
+    main()

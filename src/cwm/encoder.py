@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import distributed
 from .errors import CwmError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -705,6 +706,11 @@ class StateEncoder:
 
         Trains the tokenizer first if it is untrained. Records the mean loss of each epoch
         in ``history_``; stops early once ``max_seconds`` have elapsed.
+
+        Inside a torch.distributed process group (see :mod:`cwm.distributed`) the backbone and
+        head train as one DistributedDataParallel module: each rank takes its share of every
+        epoch's batches, so the contrastive loss sees the positives and negatives of its own
+        batch only; the tokenizer is rank 0's, and ``history_`` is the mean over all ranks.
         """
         from tqdm.auto import tqdm
 
@@ -723,8 +729,13 @@ class StateEncoder:
 
         start_time = time.monotonic()
         prepared = [self._prepare(t) for t in texts]
+        parallel = distributed.is_distributed()
         if not self.tokenizer.is_trained:
             self.tokenizer.train(prepared, self.config.vocab_size)
+            if parallel:  # every rank must tokenize the same way
+                from tokenizers import Tokenizer
+
+                self.tokenizer._tok = Tokenizer.from_str(distributed.broadcast_object(self.tokenizer.to_json()))
         self._check_tokenizer()
         windows = self._windows_prepared(prepared)
         self._fingerprint = None
@@ -732,29 +743,42 @@ class StateEncoder:
 
         params = list(self.model.parameters()) + list(self.head.parameters())
         rng = np.random.default_rng(self.config.seed)
+        # Ranks share ``rng`` for the batch order; window sampling draws from a per-rank stream.
+        sample_rng = np.random.default_rng([self.config.seed, 1 + distributed.rank()]) if parallel else rng
         stopped = False
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.config.seed)
             optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
             self.model.train()
             self.head.train()
+            project = lambda ws: self.head(self._forward(ws))  # noqa: E731
+            if parallel:
+                project = distributed.ddp(project, self.model, self.head)
             try:
-                bar = tqdm(range(epochs), desc="encoder fit", unit="epoch", disable=not progress)
+                quiet = not progress or not distributed.is_main()
+                bar = tqdm(range(epochs), desc="encoder fit", unit="epoch", disable=quiet)
                 for epoch in bar:
                     total, seen = 0.0, 0
-                    for batch in _contrastive_batches(labels, batch_size, rng):
-                        z = self._forward([_sample(windows[i], self.config.train_windows, rng) for i in batch])
-                        z = torch.nn.functional.normalize(self.head(z), dim=1)
+                    batches = _contrastive_batches(labels, batch_size, rng)
+                    for batch, weight in distributed.shard(batches) if parallel else ((b, 1.0) for b in batches):
+                        z = project([_sample(windows[i], self.config.train_windows, sample_rng) for i in batch])
+                        z = torch.nn.functional.normalize(z, dim=1)
                         loss = _supcon_loss(z, torch.as_tensor(labels[batch]), self.config.temperature)
                         optimizer.zero_grad(set_to_none=True)
-                        loss.backward()
+                        (loss * weight if weight != 1.0 else loss).backward()
                         torch.nn.utils.clip_grad_norm_(params, 1.0)
                         optimizer.step()
-                        total += loss.item() * len(batch)
-                        seen += len(batch)
-                        if max_seconds is not None and time.monotonic() - start_time > max_seconds:
+                        if weight:
+                            total += loss.item() * len(batch)
+                            seen += len(batch)
+                        timed_out = max_seconds is not None and time.monotonic() - start_time > max_seconds
+                        if parallel and max_seconds is not None:
+                            timed_out = distributed.any_rank(timed_out)  # all ranks stop at the same step
+                        if timed_out:
                             stopped = True
                             break
+                    if parallel:
+                        total, seen = distributed.all_reduce_sum([total, seen])
                     self.history_.append(total / max(seen, 1))
                     bar.set_postfix(loss=f"{self.history_[-1]:.4f}")
                     logger.info("encoder epoch %d/%d loss %.4f", epoch + 1, epochs, self.history_[-1])
@@ -762,6 +786,7 @@ class StateEncoder:
                         logger.info("encoder fit stopped after %.0f s (max_seconds)", time.monotonic() - start_time)
                         break
             finally:
+                del project  # drops the DDP wrapper and its gradient hooks
                 self._eval()
                 self._fingerprint = None
         return self

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import distributed
 from .errors import CwmError
 
 log = logging.getLogger(__name__)
@@ -154,7 +155,20 @@ def fit_ranker(model, train_ds, val_ds, settings: TrainSettings, final_latents=N
 
 def train(db_dir, split: dict, out_dir, settings: TrainSettings | None = None, *, progress: bool = True,
           cache_dir=None):
-    """Train E, F and R on the train split; returns (WorldModel, TrainReport) and saves to out_dir."""
+    """Train E, F and R on the train split; returns (WorldModel, TrainReport) and saves to out_dir.
+
+    Under ``torchrun --nproc_per_node N`` (``WORLD_SIZE`` > 1) the processes join a gloo
+    process group and train E and F data-parallel (DistributedDataParallel, see
+    :mod:`cwm.distributed`). Every rank builds the same corpus from the same seed. The ranker
+    (XGBoost) is not data-parallel: rank 0 alone fits it, validates and writes ``out_dir``;
+    the other ranks wait at a barrier, then return the model loaded from ``out_dir`` with a
+    report that has no ranker or validation entries.
+    """
+    with distributed.process_group():
+        return _train(db_dir, split, out_dir, settings, progress=progress, cache_dir=cache_dir)
+
+
+def _train(db_dir, split: dict, out_dir, settings: TrainSettings | None, *, progress: bool, cache_dir):
     import resource
 
     import torch
@@ -167,6 +181,7 @@ def train(db_dir, split: dict, out_dir, settings: TrainSettings | None = None, *
     from .world_model import WorldModel, WorldModelConfig
 
     settings = settings or TrainSettings()
+    progress = progress and distributed.is_main()
     out_dir = Path(out_dir)
     rng = _rng(settings.seed)
     torch.manual_seed(settings.seed)
@@ -208,9 +223,16 @@ def train(db_dir, split: dict, out_dir, settings: TrainSettings | None = None, *
     report.transition_loss = [h.get("loss") for h in transition.history_]
     report.counts["transition_trajectories"] = len(actions)
     report.counts["transition_targets"] = int(sum(len(x) for x in targets))
+    if distributed.is_distributed():
+        report.counts["ranks"] = distributed.world_size()
     report.seconds["transition"] = time.time() - t
 
-    # 3. Ranker on the rolled-out latents
+    # 3. Ranker on the rolled-out latents, fitted and saved by rank 0 alone
+    if not distributed.is_main():
+        distributed.barrier()  # rank 0 has written out_dir
+        report.seconds["total"] = time.time() - t0
+        report.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return WorldModel.load(out_dir), report
     t = time.time()
     model = WorldModel(encoder, transition, LambdaRanker(),
                        WorldModelConfig(latent="rollout", hardware=ds.hardware))
@@ -230,4 +252,5 @@ def train(db_dir, split: dict, out_dir, settings: TrainSettings | None = None, *
     from .database import atomic_write_text
 
     atomic_write_text(out_dir / "train_report.json", json.dumps(report.as_json(), indent=1, default=float) + "\n")
+    distributed.barrier()  # let the other ranks load the saved model
     return model, report

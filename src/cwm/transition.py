@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from . import distributed
 from .action_features import (
     ARG_NAMES,
     KNOWN_KINDS,
@@ -492,6 +493,10 @@ class Transition:
         ``targets[i]`` maps a step ``t`` (number of actions applied, ``1..T_i``) to the encoded
         true state after ``t`` actions; other steps are ignored. Training stops early after
         ``max_seconds`` (checked between mini-batches).
+
+        Inside a torch.distributed process group (see :mod:`cwm.distributed`) the model trains
+        as a DistributedDataParallel module, each rank on its share of every epoch's batches
+        (batches without targets are left out first); ``history_`` averages over all ranks.
         """
         cfg = self.config
         d = int(cfg.state_dim)
@@ -527,6 +532,8 @@ class Transition:
 
         model = self._new_model()
         model.train()
+        parallel = distributed.is_distributed()
+        rollout = distributed.ddp(model.rollout, model) if parallel else model.rollout
         opt = torch.optim.Adam(model.parameters(), lr=float(cfg.lr))
         rng = np.random.default_rng(int(cfg.seed))
         bs = max(1, int(cfg.batch_size))
@@ -536,8 +543,10 @@ class Transition:
             order = rng.permutation(N)
             sums = {"loss": 0.0, "match": 0.0, "rank": 0.0}
             n_batches = 0
-            for b0 in range(0, N, bs):
-                idx = order[b0 : b0 + bs]
+            batches = [order[b0 : b0 + bs] for b0 in range(0, N, bs)]
+            if parallel:  # every step of every rank must run a backward pass, so skip no batch
+                batches = [idx for idx in batches if any(len(tgt_steps[i]) for i in idx)]
+            for idx, weight in distributed.shard(batches) if parallel else ((b, 1.0) for b in batches):
                 kind, args, mask = pad_batch([encoded[i] for i in idx])
                 zb = torch.from_numpy(z0[idx])
                 S = kind.shape[1] + 1
@@ -552,7 +561,7 @@ class Transition:
                 tmask = torch.from_numpy(tm)
                 if not tm.any():
                     continue
-                z_all, _ = model.rollout(zb, kind, args, mask)
+                z_all, _ = rollout(zb, kind, args, mask)
                 known = tmask.clone()
                 known[:, 0] = True
                 neg, row_ok = _fill_states(tgt, known)
@@ -567,16 +576,23 @@ class Transition:
                     rank_weight=float(cfg.rank_weight),
                 )
                 opt.zero_grad(set_to_none=True)
-                loss.backward()
+                (loss * weight if weight != 1.0 else loss).backward()
                 nn.utils.clip_grad_norm_(model.parameters(), 5.0)
                 opt.step()
-                sums["loss"] += float(loss.detach())
-                sums["match"] += float(parts["match"])
-                sums["rank"] += float(parts["rank"])
-                n_batches += 1
-                if max_seconds is not None and time.time() - start > max_seconds:
+                if weight:
+                    sums["loss"] += float(loss.detach())
+                    sums["match"] += float(parts["match"])
+                    sums["rank"] += float(parts["rank"])
+                    n_batches += 1
+                timed_out = max_seconds is not None and time.time() - start > max_seconds
+                if parallel and max_seconds is not None:
+                    timed_out = distributed.any_rank(timed_out)  # all ranks stop at the same step
+                if timed_out:
                     stop = True
                     break
+            if parallel:
+                *totals, n_batches = distributed.all_reduce_sum([*sums.values(), n_batches])
+                sums, n_batches = dict(zip(sums, totals)), int(n_batches)
             if n_batches:
                 rec = {k: v / n_batches for k, v in sums.items()}
                 rec.update(epoch=epoch, batches=n_batches, seconds=round(time.time() - start, 3))
@@ -588,11 +604,12 @@ class Transition:
                     f"(match {rec['match']:.4f}, rank {rec['rank']:.4f}) {rec['seconds']:.1f}s"
                 )
                 log.info(msg)
-                if progress:
+                if progress and distributed.is_main():
                     print(msg, file=sys.stderr, flush=True)
             if stop:
                 log.info("transition training stopped after %.1fs", time.time() - start)
                 break
+        del rollout  # drops a DDP wrapper and its gradient hooks
         model.eval()
         self.model_ = model
         return self
