@@ -1,5 +1,7 @@
 """Measurement through TVM's RPC tracker, on loopback only."""
 
+import time
+
 import pytest
 
 from cwm.errors import CwmError
@@ -17,7 +19,11 @@ def rpc_farm():
                           tracker_addr=("127.0.0.1", tracker.port), silent=True)
         for _ in range(2)
     ]
-    yield RPCAddress("127.0.0.1", tracker.port, "cwm-test")
+    address = RPCAddress("127.0.0.1", tracker.port, "cwm-test")
+    deadline = time.time() + 30
+    while address.server_count() < 2 and time.time() < deadline:  # servers register asynchronously
+        time.sleep(0.2)
+    yield address
     for s in servers:
         s.terminate()
     tracker.terminate()
@@ -40,6 +46,15 @@ def test_tune_through_rpc_with_two_servers(tmp_path, tiny_task, rpc_farm):
                   num_trials_per_iter=8, progress=False)
     assert result.trials == 8
     assert tiny_task.id in result.best
+
+
+def test_rpc_runner_measures_on_every_server(rpc_farm):
+    from cwm.measure import make_runner
+
+    assert rpc_farm.server_count() == 2
+    assert make_runner(rpc=rpc_farm).pool._threadpool._max_workers == 2
+    with pytest.raises(CwmError, match="no RPC server"):
+        make_runner(rpc=RPCAddress(rpc_farm.host, rpc_farm.port, "no-such-key"))
 
 
 def test_unreachable_tracker():

@@ -100,6 +100,30 @@ def test_cost_model_predict_update_save_load(tiny_model, multi_db, tmp_path):
     assert np.array_equal(after, cm2.predict(ctx, cands))
 
 
+def test_cost_model_feature_cache_matches_fresh_features(tiny_model, multi_db):
+    import tvm.s_tir.meta_schedule as ms
+
+    from cwm.actions import actions_from_trace_json, trace_to_json
+    from cwm.cost_model import WorldModelCostModel, measure_candidates
+    from cwm.dataset import load_dataset
+    from cwm.hardware import make_target
+    from cwm.world_model import WorldModel
+
+    ds = load_dataset(multi_db).valid()
+    tid = sorted(ds.by_task)[0]
+    cands = measure_candidates(ds.modules[tid], [t.actions for t in ds.by_task[tid]])
+    ctx = ms.TuneContext(mod=ds.modules[tid], target=make_target(), task_name="t")
+    cm = WorldModelCostModel(WorldModel.load(tiny_model))
+    _, first = cm._features(ctx, cands)
+    # repeated and reordered candidates hit the cache, one row per distinct trace
+    _, again = cm._features(ctx, cands[::-1] + cands[:2])
+    assert np.array_equal(again[: len(cands)], first[::-1]) and np.array_equal(again[-2:], first[:2])
+    assert len(cm._rows) == len({str(c.sch.trace) for c in cands})
+    fresh = cm.model.features(ds.modules[tid].script(), [actions_from_trace_json(trace_to_json(c.sch.trace))
+                                                         for c in cands], cm._hardware(ctx))
+    assert np.allclose(first, fresh, atol=1e-6)
+
+
 @pytest.mark.parametrize("cost_model", ["cwm", "xgb", "random"])
 def test_eight_trial_tune_gives_a_valid_database(cost_model, tiny_model, tmp_path):
     from cwm.database import load_raw

@@ -84,13 +84,8 @@ def _from_json_graph(text: str) -> Any:
     return build(graph["root_index"])
 
 
-def trace_to_json(trace, remove_postproc: bool = False) -> list:
-    """MetaSchedule's trace JSON ``[instructions, decisions]`` as plain Python values.
-
-    Serialized in C++ as an object graph and decoded here, which is several times faster than
-    walking the FFI containers from Python; anything the decoder does not know (e.g. an
-    IndexMap attribute) falls back to the container walk.
-    """
+def trace_graph_string(trace, remove_postproc: bool = False) -> str:
+    """The trace's JSON as TVM FFI's object-graph string (fast, done in C++)."""
     from tvm.s_tir.schedule import _ffi_api as schedule_api
 
     global _TO_JSON_GRAPH
@@ -98,8 +93,23 @@ def trace_to_json(trace, remove_postproc: bool = False) -> list:
         import tvm_ffi
 
         _TO_JSON_GRAPH = tvm_ffi.get_global_func("ffi.ToJSONGraphString")
+    return _TO_JSON_GRAPH(schedule_api.TraceAsJSON(trace, remove_postproc), None)
+
+
+def trace_to_json(trace, remove_postproc: bool = False) -> list:
+    """MetaSchedule's trace JSON ``[instructions, decisions]`` as plain Python values.
+
+    Serialized in C++ as an object graph and decoded here, which is several times faster than
+    walking the FFI containers from Python; anything the decoder does not know (e.g. an
+    IndexMap attribute) falls back to the container walk.
+    """
+    return trace_json_from_graph_string(trace_graph_string(trace, remove_postproc), trace, remove_postproc)
+
+
+def trace_json_from_graph_string(text: str, trace, remove_postproc: bool = False) -> list:
+    """Plain trace JSON from :func:`trace_graph_string`'s output (``trace`` is the fallback)."""
     try:
-        return _from_json_graph(_TO_JSON_GRAPH(schedule_api.TraceAsJSON(trace, remove_postproc), None))
+        return _from_json_graph(text)
     except _NotPlain:
         return to_plain(trace.as_json(remove_postproc=remove_postproc))
 

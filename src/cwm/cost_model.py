@@ -47,12 +47,6 @@ def _positive_scores(raw: np.ndarray) -> np.ndarray:
     return np.exp(np.clip(z - z.max(), -20.0, 0.0)).astype(np.float32)
 
 
-def candidate_actions(candidates) -> list[list[dict]]:
-    from .actions import actions_from_trace_json, trace_to_json
-
-    return [actions_from_trace_json(trace_to_json(c.sch.trace)) for c in candidates]
-
-
 @derived_object
 class WorldModelCostModel(ms.cost_model.PyCostModel):
     """MetaSchedule cost model backed by the world model.
@@ -74,6 +68,9 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
         self._initial: dict[int, str] = {}
         self.measured: dict[str, dict[str, list]] = {}  # task key -> {"X": [...], "latency": [...]}
         self.adapted: dict[str, object] = {}  # task key -> adapted ranker
+        # Evolutionary search re-scores surviving candidates every generation: keep their rows.
+        self.max_cached_rows = 65536
+        self._rows: dict[tuple[str, bytes], np.ndarray] = {}
 
     def _task(self, context) -> tuple[str, str]:
         from .workloads.task import task_id_of
@@ -91,8 +88,26 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
         return self.hardware
 
     def _features(self, context, candidates) -> tuple[str, np.ndarray]:
+        """Feature rows of the candidates; rows of traces seen before come from the cache."""
+        import hashlib
+
+        from .actions import actions_from_trace_json, trace_graph_string, trace_json_from_graph_string
+
         tid, text = self._task(context)
-        return tid, self.model.features(text, candidate_actions(candidates), self._hardware(context))
+        graphs = [trace_graph_string(c.sch.trace) for c in candidates]
+        keys = [(tid, hashlib.blake2b(g.encode(), digest_size=16).digest()) for g in graphs]
+        missing = {}
+        for i, k in enumerate(keys):
+            if k not in self._rows and k not in missing:
+                missing[k] = i
+        if missing:
+            actions = [actions_from_trace_json(trace_json_from_graph_string(graphs[i], candidates[i].sch.trace))
+                       for i in missing.values()]
+            new = self.model.features(text, actions, self._hardware(context))
+            if len(self._rows) + len(missing) > self.max_cached_rows:
+                self._rows.clear()
+            self._rows.update(zip(missing, new))
+        return tid, np.stack([self._rows[k] for k in keys])
 
     def predict(self, context, candidates) -> np.ndarray:
         if not candidates:

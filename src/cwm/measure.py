@@ -78,16 +78,32 @@ class RPCAddress:
         except OSError as err:
             raise CwmError(f"RPC tracker {self.host}:{self.port} is unreachable: {err}") from None
 
+    def server_count(self) -> int:
+        """Servers registered on the tracker under this key (free or busy)."""
+        from tvm import rpc
+
+        summary = rpc.connect_tracker(self.host, self.port).summary()
+        servers = [s for s in summary.get("server_info", []) if str(s.get("key", "")).split(":")[-1] == self.key]
+        return len(servers)
+
 
 def make_runner(settings: EvaluatorSettings | None = None, rpc: RPCAddress | None = None,
-                max_workers: int = 1):
-    """A LocalRunner, or an RPCRunner through a tracker when ``rpc`` is given."""
+                max_workers: int | None = None):
+    """A LocalRunner, or an RPCRunner through a tracker when ``rpc`` is given.
+
+    Through RPC, a batch is measured on all servers of the key in parallel (one candidate per
+    server at a time) unless ``max_workers`` says otherwise.
+    """
     import tvm.s_tir.meta_schedule as ms
 
     settings = settings or EvaluatorSettings()
     if rpc is None:
         return ms.runner.LocalRunner(timeout_sec=settings.timeout_sec, evaluator_config=settings.config())
     rpc.check_reachable()
+    if max_workers is None:
+        max_workers = rpc.server_count()
+        if max_workers == 0:
+            raise CwmError(f"no RPC server is registered on tracker {rpc.host}:{rpc.port} with key {rpc.key!r}")
     return ms.runner.RPCRunner(
         rpc_config=ms.runner.RPCConfig(
             tracker_host=rpc.host,
