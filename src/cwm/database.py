@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,9 +61,11 @@ class RawDatabase:
 
 
 def _read_lines(path: Path):
-    with open(path, "rb") as f:
-        for no, raw in enumerate(f, 1):
-            yield no, raw
+    try:
+        with open(path, "rb") as f:
+            yield from enumerate(f, 1)
+    except OSError as err:
+        raise CwmError(f"cannot read {path}: {err.strerror or err}") from None
 
 
 def _parse_record(value, no: int, n_workloads: int) -> RawRecord:
@@ -81,6 +84,8 @@ def load_raw(db_dir: str | os.PathLike, *, missing_ok: bool = False) -> RawDatab
     """Read a JSON database directory, skipping corrupt lines with a warning and a count."""
     db_dir = Path(db_dir)
     wl_path, rec_path = db_dir / WORKLOAD_FILE, db_dir / RECORD_FILE
+    if db_dir.exists() and not db_dir.is_dir():
+        raise CwmError(f"database path {db_dir} is a file, not a database directory")
     if not wl_path.exists():
         if missing_ok:
             return RawDatabase(db_dir, [], [])
@@ -113,18 +118,123 @@ def load_raw(db_dir: str | os.PathLike, *, missing_ok: bool = False) -> RawDatab
             except (ValueError, TypeError, UnicodeDecodeError, IndexError) as err:
                 db.skipped_lines += 1
                 db.skipped_detail.append(f"{rec_path.name}:{no}: {err}")
+    if db.workloads and all(w is None for w in db.workloads):
+        raise CwmError(f"{wl_path} is not a MetaSchedule workload file: none of its {len(db.workloads)} line(s) "
+                       f"parses (first: {db.skipped_detail[0].split(': ', 1)[-1]})")
     if db.skipped_lines:
         log.warning("%s: skipped %d corrupt line(s), first: %s", db_dir, db.skipped_lines, db.skipped_detail[0])
     return db
 
 
+TEMP_MARK = ".tmp"  # temporary files and directories are named ``.<name>.tmp<pid>``
+
+
+def _temp_path(path: Path, kind: str = TEMP_MARK) -> Path:
+    return path.with_name(f".{path.name}{kind}{os.getpid()}")
+
+
 def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write ``path`` through a temporary file and a rename: readers see the old or the new file."""
+    path = Path(path)
+    if path.is_dir():
+        raise CwmError(f"cannot write {path}: it is a directory")
+    tmp = _temp_path(path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise CwmError(f"cannot write {path}: {err.strerror or err}") from None
+
+
+def ensure_directory(path: str | os.PathLike, what: str = "directory") -> Path:
+    """Create ``path`` (and parents) or fail with a clear error if it is a file or not writable."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise CwmError(f"{what} {path} is a file, not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise CwmError(f"cannot create {what} {path}: {err.strerror or err}") from None
+    return path
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _stale(entry: Path, kind: str) -> bool:
+    """``entry`` is a temporary ``.<name><kind><pid>`` of a process that no longer runs."""
+    name = entry.name
+    if not name.startswith(".") or kind not in name:
+        return False
+    pid = name.rsplit(kind, 1)[1]
+    return pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid))
+
+
+def remove_stale_temp_files(directory: str | os.PathLike) -> int:
+    """Delete temporary files left in ``directory`` by killed processes; returns how many."""
+    import shutil
+
+    removed = 0
+    directory = Path(directory)
+    if not directory.is_dir():
+        return 0
+    for entry in directory.iterdir():
+        if _stale(entry, TEMP_MARK):
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
+@contextmanager
+def atomic_directory(path: str | os.PathLike):
+    """Build a directory in a temporary sibling, then swap it in: ``path`` is always absent, the
+    complete old directory or the complete new one, even if the process is killed meanwhile.
+
+    Yields the temporary directory to write into. A half-written temporary directory or a
+    displaced old one left behind by a killed process is deleted the next time.
+    """
+    import shutil
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise CwmError(f"{path} is a file, not a directory")
+    ensure_directory(path.parent)
+    for entry in path.parent.iterdir():
+        if entry.name.startswith(f".{path.name}.") and (_stale(entry, TEMP_MARK) or _stale(entry, ".old")):
+            shutil.rmtree(entry, ignore_errors=True)
+    tmp = _temp_path(path)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = _temp_path(path, ".old")
+    try:
+        if path.exists():
+            os.replace(path, old)
+        os.replace(tmp, path)
+    except OSError as err:
+        raise CwmError(f"cannot replace {path}: {err.strerror or err}") from None
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def repair(db_dir: str | os.PathLike) -> int:
@@ -163,7 +273,8 @@ def open_database(db_dir: str | os.PathLike, *, create: bool = True):
     db_dir = Path(db_dir)
     if not create and not (db_dir / WORKLOAD_FILE).exists():
         load_raw(db_dir)  # raises the clear error
-    db_dir.mkdir(parents=True, exist_ok=True)
+    ensure_directory(db_dir, "database directory")
+    remove_stale_temp_files(db_dir)
     repair(db_dir)
     return ms.database.JSONDatabase(work_dir=str(db_dir), allow_missing=create)
 

@@ -178,11 +178,12 @@ def _train(db_dir, split: dict, out_dir, settings: TrainSettings | None, *, prog
     from .metrics import evaluate_ranking
     from .ranker import LambdaRanker
     from .transition import Transition, TransitionConfig
-    from .world_model import WorldModel, WorldModelConfig
+    from .world_model import WorldModel, WorldModelConfig, check_output_dir
 
     settings = settings or TrainSettings()
     progress = progress and distributed.is_main()
     out_dir = Path(out_dir)
+    check_output_dir(out_dir)  # fail now, not after training
     rng = _rng(settings.seed)
     torch.manual_seed(settings.seed)
     report = TrainReport()
@@ -248,9 +249,8 @@ def _train(db_dir, split: dict, out_dir, settings: TrainSettings | None, *, prog
     report.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     model.config.trained_on = {"database": str(db_dir), **report.counts, "settings": asdict(settings)}
     model.config.metrics = {"validation": report.validation}
-    model.save(out_dir)
-    from .database import atomic_write_text
-
-    atomic_write_text(out_dir / "train_report.json", json.dumps(report.as_json(), indent=1, default=float) + "\n")
+    # Atomic: out_dir is the complete old model or the complete new one, even after a kill.
+    model.save(out_dir, extra_files={
+        "train_report.json": json.dumps(report.as_json(), indent=1, default=float) + "\n"})
     distributed.barrier()  # let the other ranks load the saved model
     return model, report

@@ -47,6 +47,20 @@ def default_model_dir() -> Path:
     return Path(str(resources.files("cwm") / "pretrained" / "default"))
 
 
+def check_output_dir(directory: str | Path) -> None:
+    """CwmError unless ``directory`` can become a model directory: absent, empty or a model already
+    (saving replaces it as a whole, so anything else in it would be lost)."""
+    directory = Path(directory)
+    if not directory.exists():
+        return
+    if not directory.is_dir():
+        raise CwmError(f"model output path {directory} is a file, not a directory")
+    if (directory / CONFIG_FILE).exists() or not any(directory.iterdir()):
+        return
+    raise CwmError(f"{directory} is not empty and holds no world model ({CONFIG_FILE}); "
+                   "choose a new or empty output directory")
+
+
 @dataclass
 class WorldModelConfig:
     latent: str = "rollout"
@@ -123,11 +137,23 @@ class WorldModel:
         return self.ranker.predict(self.features(initial_text, actions_list, hardware, final_latents))
 
     # -- persistence ----------------------------------------------------------------------
-    def save(self, directory: str | Path) -> Path:
+    def save(self, directory: str | Path, extra_files: dict[str, str] | None = None) -> Path:
+        """Write the model directory atomically: a reader (or a run killed meanwhile) sees no
+        directory, the complete old one or the complete new one. ``extra_files`` (name -> text)
+        are written into it too (e.g. the training report)."""
+        from .database import atomic_directory
+
+        final = Path(directory)
+        check_output_dir(final)
+        with atomic_directory(final) as directory:
+            self._save_into(directory)
+            for name, text in (extra_files or {}).items():
+                (directory / name).write_text(text)
+        return final
+
+    def _save_into(self, directory: Path) -> None:
         from .database import atomic_write_text
 
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
         self.encoder.save(directory / "encoder")
         if self.transition is not None:
             self.transition.save(directory / "transition")
@@ -144,7 +170,6 @@ class WorldModel:
             "metrics": self.config.metrics,
         }
         atomic_write_text(directory / CONFIG_FILE, json.dumps(meta, indent=1) + "\n")
-        return directory
 
     @classmethod
     def load(cls, directory: str | Path | None = None) -> "WorldModel":
@@ -157,17 +182,28 @@ class WorldModel:
         cfg_path = directory / CONFIG_FILE
         if not directory.exists():
             raise CwmError(f"world model directory {directory} does not exist")
+        if not directory.is_dir():
+            raise CwmError(f"world model path {directory} is a file, not a model directory")
         if not cfg_path.exists():
             raise CwmError(f"{cfg_path} is missing: {directory} is not a world model directory")
         try:
             meta = json.loads(cfg_path.read_text())
-        except json.JSONDecodeError as err:
+        except OSError as err:
+            raise CwmError(f"cannot read {cfg_path}: {err.strerror or err}") from None
+        except ValueError as err:  # bad JSON, or not text at all
             raise CwmError(f"{cfg_path} is corrupt: {err}") from None
+        if not isinstance(meta, dict):
+            raise CwmError(f"{cfg_path} is corrupt: expected a JSON object")
         if meta.get("format_version") != FORMAT_VERSION:
             raise CwmError(f"{cfg_path} has format version {meta.get('format_version')}, "
                            f"this cwm reads version {FORMAT_VERSION}")
         latent = meta.get("latent", "rollout")
-        names = feature_names(int(meta.get("latent_dim", 0)), latent)
+        if latent not in LATENTS:
+            raise CwmError(f"{cfg_path}: unknown latent {latent!r}; this cwm knows {', '.join(LATENTS)}")
+        try:
+            names = feature_names(int(meta.get("latent_dim", 0)), latent)
+        except (TypeError, ValueError):
+            raise CwmError(f"{cfg_path}: latent_dim must be an integer, got {meta.get('latent_dim')!r}") from None
         if meta.get("feature_layout") != layout_id(names):
             raise CwmError(f"{cfg_path} was trained for another feature layout "
                            f"({meta.get('feature_layout')}, this cwm uses {layout_id(names)}); retrain it")
