@@ -192,6 +192,9 @@ def run_e2e_benchmark(
         if not Path(path).exists():
             raise CwmError(f"the cwm cost model needs a world model directory; {path} does not exist "
                            "(pass model_path, or leave cwm out of cost_models)")
+        from ..world_model import WorldModel
+
+        WorldModel.load(path)  # a corrupt or outdated model fails now, not after the xgb runs
     for net in networks:  # unknown names fail now, not after hours of tuning the others
         if isinstance(net, str):
             from ..workloads import get_network

@@ -136,8 +136,19 @@ def run_search_benchmark(
         raise CwmError("budgets must be positive")
     if len(seeds) < 1:
         raise CwmError("at least one seed is needed")
-    out_dir, root = Path(out_dir), Path(work_root)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    from ..tuning import COST_MODELS
+
+    unknown = [c for c in contenders if c not in COST_MODELS]
+    if unknown or not contenders:
+        raise CwmError(f"unknown contender {unknown[0]!r}; choose from {', '.join(COST_MODELS)}" if unknown
+                       else "no contenders given")
+    if "cwm" in contenders:
+        from ..world_model import WorldModel
+
+        WorldModel.load(model_path)  # a missing or corrupt model fails now, not after the other runs
+    from ..database import ensure_directory
+
+    out_dir, root = ensure_directory(out_dir, "output directory"), Path(work_root)
     target = make_target()
     tasks = [resolve_task(name, target) for name in subgraphs]
     xgb_path = None
