@@ -175,11 +175,6 @@ def run_e2e_benchmark(
     from ..hardware import host_cpu, make_target
     from ..tuning import COST_MODELS
 
-    # Tuning imports tvm.s_tir.tensor_intrin; its TVMScript parser scans sys.modules on every
-    # inspect.getmodule call, which takes minutes once torch and transformers are loaded. Import
-    # it while sys.modules is still small (a no-op if it is already imported).
-    import tvm.s_tir.tensor_intrin  # noqa: F401
-
     if runs < 1 or trials_per_task < 1:
         raise CwmError("runs and trials_per_task must be positive")
     for cm in cost_models:
@@ -192,14 +187,22 @@ def run_e2e_benchmark(
         if not Path(path).exists():
             raise CwmError(f"the cwm cost model needs a world model directory; {path} does not exist "
                            "(pass model_path, or leave cwm out of cost_models)")
-        from ..world_model import WorldModel
-
-        WorldModel.load(path)  # a corrupt or outdated model fails now, not after the xgb runs
     for net in networks:  # unknown names fail now, not after hours of tuning the others
         if isinstance(net, str):
             from ..workloads import get_network
 
             get_network(net)
+
+    # Tuning imports tvm.s_tir.tensor_intrin; its TVMScript parser scans sys.modules on every
+    # inspect.getmodule call, which takes minutes once torch and transformers are loaded. Import
+    # it while sys.modules is still small (a no-op if it is already imported), after the checks
+    # above (it takes ~20 s) and before the world model below (which loads torch).
+    import tvm.s_tir.tensor_intrin  # noqa: F401
+
+    if "cwm" in cost_models:
+        from ..world_model import WorldModel
+
+        WorldModel.load(path)  # a corrupt or outdated model fails now, not after the xgb runs
     seeds = tuple(int(s) for s in seeds) or (0,)
     target = make_target(target) if not hasattr(target, "kind") else target
     out_dir, work_root = Path(out_dir), Path(work_root)
