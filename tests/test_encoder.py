@@ -286,9 +286,9 @@ def test_cache_hit_and_corrupt_file_recomputed(fitted, tmp_path):
     assert len(files) == len(texts)
     assert not list((tmp_path / "cache").rglob("*.tmp"))
 
-    # A hit must come from disk: poison one entry with a valid-size vector and see it returned.
+    # A hit must come from disk: poison one entry with a valid (unit-norm) vector and see it returned.
     target = enc._cache_path(enc._prepare(texts[0]))
-    poison = np.full(enc.dim, 0.5, dtype=np.float32)
+    poison = np.full(enc.dim, 1 / np.sqrt(enc.dim), dtype=np.float32)
     target.write_bytes(poison.tobytes())
     second = enc.encode(texts)
     assert np.array_equal(second[0], poison) and np.array_equal(second[1:], first[1:])

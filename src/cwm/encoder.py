@@ -680,7 +680,11 @@ class StateEncoder:
             logger.debug("ignoring corrupt cache file %s", path)
             return None
         vec = np.frombuffer(data, dtype=np.float32)
-        return vec if np.all(np.isfinite(vec)) else None
+        # Cached vectors are L2-normalized: anything else (NaN, garbage of the right size) is rebuilt.
+        if not np.all(np.isfinite(vec)) or abs(float(np.dot(vec, vec)) - 1.0) > 1e-3:
+            logger.debug("ignoring corrupt cache file %s", path)
+            return None
+        return vec
 
     def _cache_write(self, path: Path, vec: np.ndarray) -> None:
         try:
