@@ -37,7 +37,7 @@ def _tasks_from(names: list[str], network: Optional[str], target=None):
     from .workloads.reference import reference_tasks
 
     tasks = []
-    if network:
+    if network is not None:  # an empty name is an unknown network, not no network
         tasks += [t for t in network_tasks(network, target) if tunable(t)]
     for name in names:
         if name == "reference":
@@ -55,7 +55,7 @@ def workloads_list(
     """List registry operators (with default shapes) or the tasks of a network."""
     from .workloads import OPERATORS, network_tasks
 
-    if network:
+    if network is not None:
         rows = [t.summary() for t in network_tasks(network)]
     else:
         rows = []
@@ -129,7 +129,8 @@ def tune(
     if tir is not None:
         tasks = [load_tir_file(tir)]
     else:
-        tasks = _tasks_from([workload] if workload else ([] if network else [DEFAULT_WORKLOAD]), network, tgt)
+        names = [workload] if workload is not None else ([] if network is not None else [DEFAULT_WORKLOAD])
+        tasks = _tasks_from(names, network, tgt)
     result = run_tune(tasks, trials=trials, work_dir=work_dir, cost_model=cost_model, model_path=model,
                       target=tgt, rpc=address, seed=seed, num_trials_per_iter=per_iter)
     for t in tasks:
@@ -229,7 +230,8 @@ def bench_search(
     chosen = [c.strip() for c in contenders.split(",") if c.strip()]
     summary = run_search_benchmark(
         subgraphs or DEFAULT_SUBGRAPHS, out, budget=budget, large_budget=large_budget, seeds=tuple(range(seeds)),
-        contenders=chosen, model_path=model or default_model_dir(), train_db=resolve_db(db),
+        contenders=chosen, model_path=model or default_model_dir(),
+        train_db=resolve_db(db) if "xgb-pretrained" in chosen else None,
         split=load_split(split) if "xgb-pretrained" in chosen else None, work_root=work_root,
         num_trials_per_iter=per_iter, remeasure_runs=remeasure_runs)
     for c, o in summary["overall"].items():
@@ -265,23 +267,22 @@ def run(
     """Run a built network on the Relax VM with random inputs (checked against PyTorch with --network)."""
     import numpy as np
 
-    from .deploy import check_against_torch, load_and_run, sidecar_path, tolerance_for
-    from .workloads.networks import torch_model
+    from .deploy import check_against_torch, load_and_run, random_inputs, tolerance_for
+    from .workloads.networks import get_network, torch_model
 
     _quiet_tvm_logs()
-    if network:
+    if not lib.exists():
+        _fail(f"library {lib} does not exist")
+    if network is not None:
+        get_network(network)  # an unknown name fails before PyTorch is imported
         model, example = torch_model(network)
         inputs = [x.numpy() for x in example]
     else:
-        meta = json.loads(sidecar_path(lib).read_text()) if sidecar_path(lib).exists() else None
-        if meta is None:
-            _fail(f"{lib} has no shape sidecar; pass --network to use the network's inputs")
-        rng = np.random.default_rng(seed)
-        inputs = [rng.standard_normal(i["shape"]).astype(i["dtype"]) for i in meta["inputs"]]
+        inputs = random_inputs(lib, seed)  # from the sidecar `cwm build` writes; --network otherwise
     outputs = load_and_run(lib, inputs)
     for i, o in enumerate(outputs):
         typer.echo(f"output {i}: shape {tuple(o.shape)} {o.dtype}, mean {float(np.mean(o)):.6g}")
-    if network:
+    if network is not None:
         check_against_torch(model, example, outputs, **tolerance_for(model))
         typer.echo("outputs match PyTorch")
 
@@ -380,12 +381,12 @@ def main() -> None:
         sys.exit(ex.exit_code)
     except typer.Abort:
         sys.exit(130)
-    except Exception as err:  # click usage errors
+    except Exception as err:  # usage errors: typer raises its vendored click's, not click's own
         import click
 
-        if isinstance(err, click.ClickException):
+        if isinstance(err, (click.ClickException, typer.TyperException)) and hasattr(err, "show"):
             err.show()
-            sys.exit(err.exit_code)
+            sys.exit(getattr(err, "exit_code", 2))
         raise
 
 

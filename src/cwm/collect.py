@@ -60,6 +60,98 @@ def existing_counts(db_dir: Path) -> dict[str, int]:
     return counts
 
 
+def log_failures(failure_path: Path, task_id: str, measure_candidates, builder_results, runner_results) -> int:
+    """Append a line (task, error kind, last lines of the message, trace) per failed candidate."""
+    from .actions import trace_to_json
+
+    lines = []
+    for cand, b, r in zip(measure_candidates, builder_results, runner_results):
+        kind = error_kind(b.error_msg, r.error_msg)
+        if kind is None:
+            continue
+        message = (b.error_msg or r.error_msg or "").strip().splitlines()
+        lines.append(json.dumps({
+            "task_id": task_id,
+            "error_kind": kind,
+            "message": " | ".join(message[-3:])[:500],
+            "trace": trace_to_json(cand.sch.trace),
+        }))
+    if lines:
+        with open(failure_path, "a") as f:
+            f.write("".join(line + "\n" for line in lines))
+    return len(lines)
+
+
+def measured_trace_keys(db_dir: Path) -> dict[str, set[str]]:
+    """Task id -> keys (see ``trace_key``) of the records already in a database directory."""
+    from .database import task_ids
+
+    raw = load_raw(db_dir, missing_ok=True)
+    ids = task_ids(raw)
+    keys: dict[str, set[str]] = {}
+    for rec in raw.records:
+        keys.setdefault(ids[rec.workload_index], set()).add(trace_key(rec.trace_json))
+    return keys
+
+
+def trace_key(trace_json) -> str:
+    return json.dumps(trace_json, sort_keys=True, separators=(",", ":"))
+
+
+def _dedup_search(inner, seen: set[str], max_rounds: int = 8):
+    """Wrap a search strategy so that it never proposes a candidate whose trace is in ``seen``.
+
+    MetaSchedule's searches do not look at the database for what was measured already (see the
+    TODO on ``measured_workloads_`` in evolutionary_search.cc), so a resumed run with the same seed
+    re-measures the first run's candidates. Dropped candidates are not reported back: the inner
+    search counts trials by the results it is notified of, and it has marked them as picked.
+    """
+    import tvm.s_tir.meta_schedule as ms
+    from tvm.ir.utils import derived_object
+
+    from .actions import trace_to_json
+
+    @derived_object
+    class DedupSearch(ms.search_strategy.PySearchStrategy):
+        def __init__(self, inner, seen):
+            self.inner, self.seen, self.dropped = inner, seen, 0
+
+        def _initialize_with_tune_context(self, context):
+            self.inner._initialize_with_tune_context(context)
+
+        def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None):
+            self.inner.pre_tuning(max_trials, num_trials_per_iter, design_spaces, database, cost_model)
+
+        def post_tuning(self):
+            self.inner.post_tuning()
+
+        def generate_measure_candidates(self):
+            for _ in range(max_rounds):
+                candidates = self.inner.generate_measure_candidates()
+                if candidates is None:
+                    return None
+                fresh = []
+                for cand in candidates:
+                    key = trace_key(trace_to_json(cand.sch.trace))
+                    if key in self.seen:
+                        self.dropped += 1
+                    else:
+                        self.seen.add(key)
+                        fresh.append(cand)
+                if fresh:
+                    return fresh
+            log.info("%d batches in a row held only measured candidates; the search stops", max_rounds)
+            return None
+
+        def notify_runner_results(self, measure_candidates, results):
+            self.inner.notify_runner_results(measure_candidates, results)
+
+        def clone(self):
+            return DedupSearch(self.inner.clone(), set(self.seen))
+
+    return DedupSearch(inner, seen)
+
+
 def _measure_callbacks(db_dir: Path, task_id: str, report: CollectReport, on_batch):
     """MetaSchedule's default callbacks, plus a failure log and progress reporting."""
     import tvm.s_tir.meta_schedule as ms
@@ -70,29 +162,13 @@ def _measure_callbacks(db_dir: Path, task_id: str, report: CollectReport, on_bat
     @derived_object
     class RecordFailures(ms.measure_callback.PyMeasureCallback):
         def apply(self, task_scheduler, task_index, measure_candidates, builder_results, runner_results):
-            from .actions import trace_to_json
-
-            lines = []
-            n_valid = 0
+            n_failed = log_failures(failure_path, task_id, measure_candidates, builder_results, runner_results)
+            n_valid = len(measure_candidates) - n_failed
             best = None
-            for cand, b, r in zip(measure_candidates, builder_results, runner_results):
-                kind = error_kind(b.error_msg, r.error_msg)
-                if kind is None:
-                    n_valid += 1
-                    secs = [float(s) for s in r.run_secs]
-                    lat = sorted(secs)[len(secs) // 2]
-                    best = lat if best is None else min(best, lat)
-                    continue
-                message = (b.error_msg or r.error_msg or "").strip().splitlines()
-                lines.append(json.dumps({
-                    "task_id": task_id,
-                    "error_kind": kind,
-                    "message": " | ".join(message[-3:])[:500],
-                    "trace": trace_to_json(cand.sch.trace),
-                }))
-            if lines:
-                with open(failure_path, "a") as f:
-                    f.write("".join(line + "\n" for line in lines))
+            for b, r in zip(builder_results, runner_results):
+                if error_kind(b.error_msg, r.error_msg) is None:
+                    secs = sorted(float(s) for s in r.run_secs)
+                    best = secs[len(secs) // 2] if best is None else min(best, secs[len(secs) // 2])
             report.measured += len(measure_candidates)
             report.failed += len(measure_candidates) - n_valid
             on_batch(len(measure_candidates), n_valid, best)
@@ -105,26 +181,32 @@ def _measure_callbacks(db_dir: Path, task_id: str, report: CollectReport, on_bat
     ]
 
 
-def tune_context(task, target, strategy: str, seed: int, num_threads: int | None = None):
+def tune_context(task, target, strategy: str, seed: int, num_threads: int | None = None,
+                 measured: set[str] | None = None):
+    """A TuneContext; with ``measured`` (trace keys), the search skips candidates measured before."""
     import tvm.s_tir.meta_schedule as ms
 
     from .hardware import physical_cores
 
+    search = strategy
+    if measured is not None:
+        search = _dedup_search(ms.search_strategy.SearchStrategy.create(strategy), measured)
     return ms.TuneContext(
         mod=task.mod,
         target=target,
         space_generator="post-order-apply",
-        search_strategy=strategy,
+        search_strategy=search,
         task_name=task.name,
         rand_state=seed,
         num_threads=num_threads or physical_cores(),
     )
 
 
-def _run_phase(task, target, db, db_dir, *, strategy, cost_model, trials, batch, seed, builder, runner, callbacks):
+def _run_phase(task, target, db, db_dir, *, strategy, cost_model, trials, batch, seed, builder, runner, callbacks,
+               measured: set[str]):
     import tvm.s_tir.meta_schedule as ms
 
-    ctx = tune_context(task, target, strategy, seed)
+    ctx = tune_context(task, target, strategy, seed, measured=measured)
     ms.tune_tasks(
         tasks=[ctx],
         task_weights=[1.0],
@@ -163,13 +245,15 @@ def collect(
         raise CwmError("collect needs a positive number of candidates per task")
     if batch <= 0:
         raise CwmError(f"batch must be positive, got {batch}")
+    if rpc is not None:
+        rpc.check_reachable()  # fail fast, before anything is written
     target = target or make_target()
     db_dir = Path(db_dir)
-    db_dir.mkdir(parents=True, exist_ok=True)
     db = open_database(db_dir)
     _write_manifest(db_dir, target, hardware_for_target(target))
     write_task_index(db_dir, tasks)
     counts = existing_counts(db_dir)
+    measured = measured_trace_keys(db_dir)  # task id -> traces; the phases below add what they propose
     per_task_goal = n_random + n_evolutionary
     todo = [(t, counts.get(t.id, 0)) for t in tasks]
     total = sum(max(0, per_task_goal - have) for _, have in todo)
@@ -193,12 +277,12 @@ def collect(
             if have < n_random:
                 _run_phase(task, target, db, db_dir, strategy="replay-trace", cost_model="random",
                            trials=n_random - have, batch=batch, seed=seed + i, builder=builder,
-                           runner=runner, callbacks=callbacks)
+                           runner=runner, callbacks=callbacks, measured=measured.setdefault(task.id, set()))
                 have = n_random
             if have < per_task_goal:
                 _run_phase(task, target, db, db_dir, strategy="evolutionary", cost_model="xgb",
                            trials=per_task_goal - have, batch=batch, seed=seed + 1000 + i, builder=builder,
-                           runner=runner, callbacks=callbacks)
+                           runner=runner, callbacks=callbacks, measured=measured.setdefault(task.id, set()))
             report.per_task[task.id] = {"name": task.name, "best_seconds": best[0]}
     finally:
         bar.close()

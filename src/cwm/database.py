@@ -84,9 +84,13 @@ def load_raw(db_dir: str | os.PathLike, *, missing_ok: bool = False) -> RawDatab
     """Read a JSON database directory, skipping corrupt lines with a warning and a count."""
     db_dir = Path(db_dir)
     wl_path, rec_path = db_dir / WORKLOAD_FILE, db_dir / RECORD_FILE
-    if db_dir.exists() and not db_dir.is_dir():
-        raise CwmError(f"database path {db_dir} is a file, not a database directory")
-    if not wl_path.exists():
+    try:
+        if db_dir.exists() and not db_dir.is_dir():
+            raise CwmError(f"database path {db_dir} is a file, not a database directory")
+        wl_exists = wl_path.exists()
+    except OSError as err:
+        raise CwmError(f"cannot read database directory {db_dir}: {err.strerror or err}") from None
+    if not wl_exists:
         if missing_ok:
             return RawDatabase(db_dir, [], [])
         if not db_dir.exists():
@@ -156,11 +160,11 @@ def atomic_write_text(path: Path, text: str) -> None:
 def ensure_directory(path: str | os.PathLike, what: str = "directory") -> Path:
     """Create ``path`` (and parents) or fail with a clear error if it is a file or not writable."""
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise CwmError(f"{what} {path} is a file, not a directory")
     try:
+        if path.exists() and not path.is_dir():
+            raise CwmError(f"{what} {path} is a file, not a directory")
         path.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
+    except OSError as err:  # e.g. a parent that cannot be read or written
         raise CwmError(f"cannot create {what} {path}: {err.strerror or err}") from None
     return path
 

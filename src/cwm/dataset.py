@@ -84,10 +84,12 @@ class StateCache:
             return self._memory[key]
         if self.directory is not None:
             path = self.directory / key[:2] / f"{key}.tir"
-            if path.exists():
+            try:
                 text = path.read_text()
-                self._memory[key] = text
-                return text
+            except (OSError, UnicodeDecodeError):  # missing or corrupt: replayed and rewritten
+                return None
+            self._memory[key] = text
+            return text
         return None
 
     def put(self, key: str, text: str) -> None:
@@ -163,11 +165,20 @@ class TrajectoryDataset:
         return out
 
     def export_jsonl(self, path: str | os.PathLike, with_states: bool = False) -> int:
-        tmp = Path(path).with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            for traj in self.trajectories:
-                f.write(json.dumps(self.record(traj, with_states)) + "\n")
-        os.replace(tmp, path)
+        path = Path(path)
+        if path.is_dir():
+            raise CwmError(f"cannot write {path}: it is a directory")
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        try:
+            with open(tmp, "w") as f:
+                for traj in self.trajectories:
+                    f.write(json.dumps(self.record(traj, with_states)) + "\n")
+            os.replace(tmp, path)
+        except OSError as err:
+            raise CwmError(f"cannot write {path}: {err.strerror or err}") from None
+        finally:
+            if tmp.exists():
+                tmp.unlink()
         return len(self.trajectories)
 
     def stats(self) -> dict:
@@ -244,9 +255,12 @@ def read_task_index(db_dir: str | os.PathLike) -> dict:
     if not path.exists():
         return {}
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
+        index = json.loads(path.read_text())
+    except (OSError, ValueError) as err:  # ValueError: bad JSON or not UTF-8
         raise CwmError(f"{path} is corrupt: {err}") from None
+    if not isinstance(index, dict):
+        raise CwmError(f"{path} is corrupt: expected a JSON object of tasks")
+    return index
 
 
 def load_dataset(db_dir: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None) -> TrajectoryDataset:
@@ -262,7 +276,7 @@ def load_dataset(db_dir: str | os.PathLike, *, cache_dir: str | os.PathLike | No
     if manifest_path.exists():
         try:
             hardware = json.loads(manifest_path.read_text()).get("hardware", {})
-        except json.JSONDecodeError:
+        except (OSError, ValueError, AttributeError):
             log.warning("%s is corrupt; hardware features unknown", manifest_path)
     if not hardware:
         from .hardware import host_cpu
@@ -349,10 +363,21 @@ def load_split(path: str | os.PathLike) -> dict[str, list[str]]:
     path = Path(path)
     if not path.exists():
         raise CwmError(f"split file {path} does not exist")
-    split = json.loads(path.read_text())
+    try:
+        split = json.loads(path.read_text())
+    except OSError as err:
+        raise CwmError(f"cannot read split file {path}: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise CwmError(f"split file {path} is not a text file (see `cwm dataset split`)") from None
+    except ValueError as err:
+        raise CwmError(f"split file {path} is not valid JSON: {err}") from None
+    if not isinstance(split, dict):
+        raise CwmError(f"split file {path} must hold a JSON object with train/val/test lists")
     for key in ("train", "val", "test"):
         if key not in split:
             raise CwmError(f"split file {path} has no {key!r} list")
+        if not isinstance(split[key], list) or not all(isinstance(t, str) for t in split[key]):
+            raise CwmError(f"split file {path}: {key!r} must be a list of task ids")
     return split
 
 
@@ -367,8 +392,11 @@ def pack_database(db_dir: str | os.PathLike, out_dir: str | os.PathLike, split: 
 
     import tvm
 
+    from .database import ensure_directory
+
     db_dir, out_dir = Path(db_dir), Path(out_dir)
     ds = load_dataset(db_dir)
+    ensure_directory(out_dir, "output directory")
     stats = ds.stats()
     archive = out_dir / REFERENCE_ARCHIVE
     tmp = archive.with_suffix(".tmp")

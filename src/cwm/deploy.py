@@ -478,6 +478,40 @@ def sidecar_path(lib_path) -> Path:
     return lib_path.with_name(lib_path.name + ".json")
 
 
+def read_sidecar(lib_path) -> dict | None:
+    """The build record beside a library (``BuildResult.as_json``), None if there is none."""
+    side = sidecar_path(lib_path)
+    if not side.exists():
+        return None
+    try:
+        meta = json.loads(side.read_text())
+    except (OSError, ValueError) as err:  # ValueError: bad JSON or not text
+        raise CwmError(f"the sidecar {side} of {Path(lib_path).name} is corrupt: {err}") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("signature", {}), dict):
+        raise CwmError(f"the sidecar {side} of {Path(lib_path).name} is corrupt: no signature object")
+    return meta
+
+
+def random_inputs(lib_path, seed: int = 0) -> list[np.ndarray]:
+    """Random inputs matching the input signature recorded beside a library by ``build_network``."""
+    lib_path = Path(lib_path)
+    if not lib_path.exists():
+        raise CwmError(f"library {lib_path} does not exist")
+    meta = read_sidecar(lib_path)
+    if meta is None:
+        raise CwmError(f"{lib_path} has no shape sidecar {sidecar_path(lib_path).name}; "
+                       "its input shapes are unknown (`cwm run --network NAME` uses the network's inputs)")
+    rng = np.random.default_rng(seed)
+    inputs = []
+    for i, spec in enumerate(meta.get("signature", {}).get("inputs", [])):
+        shape, dtype = spec.get("shape"), spec.get("dtype")
+        if shape is None or not all(isinstance(d, int) for d in shape) or not dtype:
+            raise CwmError(f"input {i} ({spec.get('name', '?')}) of {lib_path.name} has no static shape "
+                           f"({shape} {dtype}); random inputs cannot be made for it")
+        inputs.append(rng.standard_normal(shape).astype(dtype))
+    return inputs
+
+
 # --------------------------------------------------------------------------------------------
 # Run
 # --------------------------------------------------------------------------------------------
@@ -551,9 +585,9 @@ def load_and_run(lib_path, inputs: list[np.ndarray], device="cpu") -> list[np.nd
     import tvm
 
     inputs = [np.asarray(x) for x in inputs]
-    side = sidecar_path(lib_path)
-    if side.exists():
-        check_inputs(json.loads(side.read_text()).get("signature", {}), inputs)
+    meta = read_sidecar(lib_path)
+    if meta is not None:
+        check_inputs(meta.get("signature", {}), inputs)
     vm = load_vm(lib_path, device)
     arity = int(vm._get_function_arity("main"))
     if arity != len(inputs):
@@ -678,9 +712,9 @@ def tvm_runner(lib_path, inputs, device="cpu") -> Callable[[], object]:
 
     vm = load_vm(lib_path, device)
     dev = _device(device)
-    side = sidecar_path(lib_path)
-    if side.exists():
-        check_inputs(json.loads(side.read_text()).get("signature", {}), [np.asarray(x) for x in inputs])
+    meta = read_sidecar(lib_path)
+    if meta is not None:
+        check_inputs(meta.get("signature", {}), [np.asarray(x) for x in inputs])
     args = [tvm.runtime.tensor(np.ascontiguousarray(np.asarray(x)), device=dev) for x in inputs]
     f = vm["main"]
     on_cpu = str(dev).startswith("cpu")

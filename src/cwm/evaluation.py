@@ -69,9 +69,10 @@ def evaluate(model_dir, db_dir, split: dict, out_dir, *, settings=None, final_pe
 
     settings = settings or TrainSettings()
     rng = np.random.default_rng(seed)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    from .database import ensure_directory
+
     model = WorldModel.load(model_dir)
+    out_dir = ensure_directory(out_dir, "output directory")
     ds = load_dataset(db_dir, cache_dir=cache_dir).valid()
     train_ds, val_ds, test_ds = (ds.subset(split[k]) for k in ("train", "val", "test"))
     if not test_ds.trajectories:

@@ -2,7 +2,30 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+from .errors import CwmError
+
+
+def save_figure(fig, path: str | Path, dpi: int = 90) -> None:
+    """Save a matplotlib figure atomically (temporary file, then rename); close it either way."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    fmt = path.suffix[1:].lower() or "png"
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        fig.savefig(tmp, dpi=dpi, format=fmt)
+        os.replace(tmp, path)
+    except OSError as err:
+        raise CwmError(f"cannot write {path}: {err.strerror or err}") from None
+    except ValueError as err:  # an unknown format
+        raise CwmError(f"cannot write {path}: {str(err).splitlines()[0]}") from None
+    finally:
+        plt.close(fig)
+        if tmp.exists():
+            tmp.unlink()
 
 
 def format_dataset_stats(stats: dict) -> str:
@@ -50,5 +73,4 @@ def plot_dataset_stats(ds, path: str | Path) -> None:
     axes[2].hist(spreads, bins=20)
     axes[2].set_title("latency spread per task (worst/best)")
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path)

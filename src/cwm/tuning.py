@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .database import atomic_write_text, open_database
+from .database import FAILURE_FILE, atomic_write_text, open_database
 from .errors import CwmError
 from .measure import EvaluatorSettings, error_kind, make_builder, make_runner
 
@@ -63,10 +63,14 @@ def make_cost_model(kind: str, model_path=None, seed: int = 0):
     if kind == "xgb":
         return TimedCostModel(ms.cost_model.XGBModel(config=XGBConfig(seed=seed)))
     if kind == "xgb-pretrained":
-        if model_path is None or not Path(model_path).exists():
+        if model_path is None or not Path(model_path).is_file():
             raise CwmError(f"xgb-pretrained needs a saved XGBModel file, got {model_path}")
         model = ms.cost_model.XGBModel(config=XGBConfig(seed=seed))
-        model.load(str(model_path))
+        try:
+            model.load(str(model_path))
+        except Exception as err:  # XGBModel.load untars the file and raises RuntimeError or TVM errors
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
+            raise CwmError(f"{model_path} is not a saved XGBModel: {' '.join(lines[:2])}") from None
         return TimedCostModel(model)
     if kind == "random":
         return TimedCostModel(ms.cost_model.RandomModel(seed=seed))
@@ -78,9 +82,11 @@ def make_cost_model(kind: str, model_path=None, seed: int = 0):
     raise CwmError(f"unknown cost model {kind!r}; choose one of {', '.join(COST_MODELS)}")
 
 
-def _callbacks(result: TuneResult, tasks, bar):
+def _callbacks(result: TuneResult, tasks, bar, failure_path: Path):
     import tvm.s_tir.meta_schedule as ms
     from tvm.ir.utils import derived_object
+
+    from .collect import log_failures
 
     weights = {t.id: t.weight for t in tasks}
     flops = {t.id: t.flops for t in tasks}
@@ -92,6 +98,7 @@ def _callbacks(result: TuneResult, tasks, bar):
             from .actions import trace_to_json
 
             tid = id_of_index[task_index]
+            log_failures(failure_path, tid, measure_candidates, builder_results, runner_results)
             for cand, b, r in zip(measure_candidates, builder_results, runner_results):
                 result.trials += 1
                 lat = None
@@ -136,22 +143,38 @@ def tune(
     progress: bool = True,
     report: bool = True,
 ) -> TuneResult:
-    """Tune ``tasks`` (a Task or a list) for ``trials`` measurements in total."""
+    """Tune ``tasks`` (a Task, a workload name, or a list of them) for ``trials`` measurements in total.
+
+    Resumable: a run on a ``work_dir`` that already holds records measures only the rest of the
+    budget, and never a candidate whose trace is already in the database. Failed candidates are
+    recorded in the database (as MetaSchedule does) and with their error kind in ``failures.jsonl``.
+    """
     import tvm.s_tir.meta_schedule as ms
     from tqdm import tqdm
 
-    from .collect import existing_counts, tune_context
+    from .collect import existing_counts, measured_trace_keys, tune_context
     from .hardware import make_target
+    from .workloads import Task, resolve_task
 
     if not isinstance(tasks, (list, tuple)):
         tasks = [tasks]
-    if trials <= 0:
-        raise CwmError(f"the trial budget must be positive, got {trials}")
+    if not tasks:
+        raise CwmError("no tasks to tune")
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials <= 0:
+        raise CwmError(f"the trial budget must be a positive integer, got {trials!r}")
+    if isinstance(num_trials_per_iter, bool) or not isinstance(num_trials_per_iter, int) or num_trials_per_iter <= 0:
+        raise CwmError(f"num_trials_per_iter must be a positive integer, got {num_trials_per_iter!r}")
     if cost_model not in COST_MODELS:
         raise CwmError(f"unknown cost model {cost_model!r}; choose one of {', '.join(COST_MODELS)}")
     target = target or make_target()
+    tasks = [resolve_task(t, target) if isinstance(t, str) else t for t in tasks]
+    for t in tasks:
+        if not isinstance(t, Task):
+            raise CwmError(f"tune takes Task objects or workload names, got {type(t).__name__}")
+    if rpc is not None:
+        rpc.check_reachable()  # fail fast, before anything is written
+    model = make_cost_model(cost_model, model_path, seed)  # a bad model fails before anything is written
     work_dir = Path(work_dir)
-    work_dir.mkdir(parents=True, exist_ok=True)
     db = open_database(work_dir)
     from .dataset import write_task_index
 
@@ -159,10 +182,11 @@ def tune(
     done = sum(existing_counts(work_dir).get(t.id, 0) for t in tasks)
     remaining = max(0, trials - done)
     result = TuneResult(work_dir=work_dir, tasks=list(tasks))
-    model = make_cost_model(cost_model, model_path, seed)
     start = time.time()
     if remaining:
-        contexts = [tune_context(t, target, "evolutionary", seed + i) for i, t in enumerate(tasks)]
+        measured = measured_trace_keys(work_dir)
+        contexts = [tune_context(t, target, "evolutionary", seed + i, measured=measured.get(t.id, set()))
+                    for i, t in enumerate(tasks)]
         with tqdm(total=remaining, unit="trial", disable=not progress, dynamic_ncols=True,
                   desc=f"tune[{cost_model}]") as bar:
             ms.tune_tasks(
@@ -176,7 +200,7 @@ def tune(
                 runner=make_runner(settings, rpc),
                 database=db,
                 cost_model=model,
-                measure_callbacks=_callbacks(result, tasks, bar),
+                measure_callbacks=_callbacks(result, tasks, bar, work_dir / FAILURE_FILE),
                 task_scheduler="gradient" if len(tasks) > 1 else "round-robin",
             )
     result.seconds = time.time() - start
@@ -221,6 +245,8 @@ def write_report(result: TuneResult, work_dir: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from .reports import save_figure
+
     atomic_write_text(work_dir / "report.json", json.dumps(result.as_json(), indent=1) + "\n")
     points = [(i + 1, v) for i, v in enumerate(result.curve) if v is not None]
     if points:
@@ -230,11 +256,11 @@ def write_report(result: TuneResult, work_dir: Path) -> None:
         ax.set_ylabel("best weighted latency (ms)")
         ax.set_title(", ".join(t.name for t in result.tasks)[:60])
         fig.tight_layout()
-        fig.savefig(work_dir / "best_so_far.png", dpi=90)
-        plt.close(fig)
+        save_figure(fig, work_dir / "best_so_far.png")
     for t in result.tasks:
         if t.id in result.best:
-            (work_dir / f"best_schedule_{t.id}.py").write_text(schedule_text(t, result.best[t.id]["trace"]) + "\n")
+            atomic_write_text(work_dir / f"best_schedule_{t.id}.py",
+                              schedule_text(t, result.best[t.id]["trace"]) + "\n")
 
 
 def measure_median(task, trace_json, target=None, runs: int = 30, min_ms: float = 10.0) -> float:

@@ -10,6 +10,8 @@ from .task import Task, task_id_of
 
 def resolve_task(name: str, target=None) -> Task:
     """A task from a registry spec (``op`` or ``op:K=V,...``) or a network task name (``net/task``)."""
+    if not isinstance(name, str):
+        raise CwmError(f"a workload is written as a string like 'matmul:M=128,N=128,K=128', got {name!r}")
     if "/" in name:
         network, _, short = name.partition("/")
         for task in network_tasks(network, target):
@@ -44,8 +46,16 @@ def load_tir_file(path) -> Task:
     path = Path(path)
     if not path.exists():
         raise CwmError(f"TVMScript file {path} does not exist")
+    if path.is_dir():
+        raise CwmError(f"TVMScript path {path} is a directory, not a file")
     try:
-        parsed = from_source(path.read_text())
+        source = path.read_text()
+    except OSError as err:
+        raise CwmError(f"cannot read TVMScript file {path}: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise CwmError(f"{path} is not a text file, so not TVMScript") from None
+    try:
+        parsed = from_source(source)
     except Exception as err:  # the parser raises its own diagnostics
         first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
         raise CwmError(f"{path} does not parse as TVMScript: {first}") from None

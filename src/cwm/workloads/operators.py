@@ -134,6 +134,11 @@ def layernorm(M, N):
     return [x, gamma, beta, topi.nn.layer_norm(x, gamma, beta, axis=[1], epsilon=1e-5)]
 
 
+# The largest tensor a workload may have: 2**31 elements (8 GiB of float32). Larger ones cannot be
+# allocated for measurement on the machines this runs on; the largest registry tensor has ~4e7.
+MAX_TENSOR_ELEMENTS = 2**31
+
+
 @dataclass(frozen=True)
 class Operator:
     name: str
@@ -157,7 +162,17 @@ class Operator:
             if value > 1 << 20:
                 raise CwmError(f"{self.name}: {key}={value} is too large (max {1 << 20})")
         try:
-            mod = _prim(self.build(**params), self.name)
+            tensors = self.build(**params)
+            for t in tensors:
+                dims = [int(d) for d in t.shape]
+                if min(dims, default=1) <= 0:
+                    raise CwmError(f"{self.name} with {params} is not a valid shape: tensor {t.op.name} "
+                                   f"would have shape {dims}")
+                elements = math.prod(dims)
+                if elements > MAX_TENSOR_ELEMENTS:
+                    raise CwmError(f"{self.name} with {params}: tensor {t.op.name} would hold {elements:.3g} elements "
+                                   f"({elements * 4 / 2**30:.0f} GiB); at most {MAX_TENSOR_ELEMENTS:.3g} are allowed")
+            mod = _prim(tensors, self.name)
         except CwmError:
             raise
         except Exception as err:
@@ -215,6 +230,8 @@ def parse_workload(spec: str) -> tuple[str, dict]:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
             raise CwmError(f"malformed shape {item!r} in {spec!r}; write KEY=VALUE, e.g. M=128")
+        if key.strip() in overrides:
+            raise CwmError(f"malformed shape {spec!r}: {key.strip()} is given twice")
         try:
             overrides[key.strip()] = int(value)
         except ValueError:
