@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -237,21 +236,3 @@ def test_load_missing_file_and_feature_mismatch(tmp_path):
         r.predict(X[:, :5])
     with pytest.raises(CwmError, match="not fitted"):
         LambdaRanker().predict(X)
-
-
-def test_predict_is_fast():
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(300, 200)).astype(np.float32)
-    grp = np.repeat(np.arange(10), 30)
-    lat = np.exp(X[:, 0] + 0.5 * X[:, 1])
-    r = LambdaRanker(RankerConfig(n_estimators=300, max_depth=6, n_jobs=2)).fit(X, lat, grp)
-    Xp = rng.normal(size=(2048, 200)).astype(np.float32)
-    r.predict(Xp)
-    best = min(_timed(r.predict, Xp) for _ in range(5))
-    assert best < 0.05
-
-
-def _timed(f, *a):
-    t = time.perf_counter()
-    f(*a)
-    return time.perf_counter() - t
