@@ -3,7 +3,7 @@ import json
 import pytest
 
 
-def test_tiny_search_benchmark(tmp_path):
+def test_tiny_search_benchmark(tmp_path, tiny_model):
     from cwm.benchmarks.search import run_search_benchmark
 
     summary = run_search_benchmark(["matmul:M=32,N=32,K=32"], tmp_path / "out", budget=4, seeds=(0,),
@@ -20,6 +20,21 @@ def test_tiny_search_benchmark(tmp_path):
                                  contenders=("xgb", "random"), work_root=tmp_path / "runs",
                                  num_trials_per_iter=4, remeasure_runs=3, progress=False)
     assert [r["wall_seconds"] for r in again["runs"]] == [r["wall_seconds"] for r in summary["runs"]]
+    # Diagnosis of the measured candidates, through the CLI entry point.
+    from typer.testing import CliRunner
+
+    from cwm.cli import app
+
+    res = CliRunner().invoke(app, ["bench", "diagnose-search", "--work-root", str(tmp_path / "runs"), "--budget", "4",
+                                   "--model", str(tiny_model), "--out", str(tmp_path / "diag")])
+    assert res.exit_code == 0, res.output
+    diag = json.loads((tmp_path / "diag" / "search_diagnosis.json").read_text())
+    assert set(diag["by_contender"]) == {"xgb", "random"}
+    for row in diag["runs"]:
+        assert 0.0 <= row["pairwise"] <= 1.0 and 0.0 < row["near_best"] <= 1.0 and row["median_over_best"] >= 1.0
+    empty = CliRunner().invoke(app, ["bench", "diagnose-search", "--work-root", str(tmp_path / "runs"),
+                                     "--budget", "999", "--model", str(tiny_model), "--out", str(tmp_path / "d2")])
+    assert empty.exit_code != 0
 
 
 def test_bad_budget():

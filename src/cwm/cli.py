@@ -240,6 +240,27 @@ def bench_search(
     typer.echo(f"report: {out / 'search.json'}, {out / 'search.md'}, {out / 'search.png'}")
 
 
+@bench_app.command("diagnose-search")
+def bench_diagnose_search(
+    work_root: Path = typer.Option(Path("runs/bench_search"), help="Run databases of `cwm bench search`."),
+    budget: int = typer.Option(64, help="Which budget's runs."),
+    model: Optional[Path] = typer.Option(None, help="World model directory (default: the shipped model)."),
+    out: Path = typer.Option(Path("benchmarks/results/search")),
+):
+    """Ranking quality of the world model on each contender's measured candidates, and their diversity."""
+    from .benchmarks.search import diagnose_search_runs
+
+    if not work_root.is_dir():
+        _fail(f"no benchmark runs at {work_root}")
+    summary = diagnose_search_runs(work_root, out, budget=budget, model_path=model)
+    if not summary["runs"]:
+        _fail(f"no finished {budget}-trial runs under {work_root}")
+    for c, v in summary["by_contender"].items():
+        typer.echo(f"{c:<15} runs {v['runs']:>3}  pairwise {v['pairwise']:.3f}  distinct {v['distinct']:.2f}  "
+                   f"within 1.5x of best {v['near_best']:.2f}  median/best {v['median_over_best']:.2f}")
+    typer.echo(f"report: {out / 'search_diagnosis.json'}, {out / 'search_diagnosis.md'}")
+
+
 @app.command()
 def build(
     network: str = typer.Option(..., help="Network name (see `cwm workloads list`)."),

@@ -297,3 +297,56 @@ def _plot(summary: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def diagnose_search_runs(work_root, out_dir, *, budget: int = 64, model_path=None) -> dict:
+    """Why a contender wins or loses: per finished run of ``work_root``, the world model's ranking
+    quality on the candidates the run measured, and how diverse and how good those were.
+
+    - ``pairwise``: the shipped model's (no online update) pairwise accuracy on the run's
+      measured candidates;
+    - ``distinct``: distinct sampled decisions / measured candidates;
+    - ``near_best``: share of candidates within 1.5x of the run's best;
+    - ``median_over_best``: median latency / best latency of the run.
+    """
+    import json as _json
+
+    from ..dataset import load_dataset
+    from ..metrics import pairwise_accuracy
+    from ..world_model import WorldModel
+
+    model = WorldModel.load(model_path)
+    root = Path(work_root)
+    rows = []
+    for run_json in sorted(root.glob(f"*/b{budget}/*/seed*/run.json")):
+        run_dir = run_json.parent
+        info = _json.loads(run_json.read_text())
+        ds = load_dataset(run_dir).valid()
+        for tid, trajs in ds.by_task.items():
+            if len(trajs) < 2:
+                continue
+            lat = np.array([t.latency for t in trajs])
+            scores = model.predict(ds.initial_states[tid], [t.actions for t in trajs], ds.hardware)
+            decisions = {_json.dumps([a.get("decision") for a in t.actions]) for t in trajs}
+            rows.append({"task": info["task"], "contender": info["contender"], "seed": info["seed"],
+                         "pairwise": pairwise_accuracy(scores, lat, np.zeros(len(lat))),
+                         "distinct": len(decisions) / len(trajs),
+                         "near_best": float(np.mean(lat <= 1.5 * lat.min())),
+                         "median_over_best": float(np.median(lat) / lat.min())})
+    summary = {"budget": budget, "runs": rows, "by_contender": {}}
+    for c in sorted({r["contender"] for r in rows}):
+        mine = [r for r in rows if r["contender"] == c]
+        summary["by_contender"][c] = {k: float(np.mean([r[k] for r in mine]))
+                                      for k in ("pairwise", "distinct", "near_best", "median_over_best")}
+        summary["by_contender"][c]["runs"] = len(mine)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "search_diagnosis.json", _json.dumps(summary, indent=1) + "\n")
+    lines = [f"# Candidates measured by each contender ({budget} trials)", "",
+             "| contender | runs | cwm pairwise acc. on them | distinct | within 1.5x of run best | median / best |",
+             "|---|---|---|---|---|---|"]
+    for c, v in summary["by_contender"].items():
+        lines.append(f"| {c} | {v['runs']} | {v['pairwise']:.3f} | {v['distinct']:.2f} | {v['near_best']:.2f} | "
+                     f"{v['median_over_best']:.2f} |")
+    atomic_write_text(out / "search_diagnosis.md", "\n".join(lines) + "\n")
+    return summary
