@@ -48,6 +48,43 @@ def test_tune_through_rpc_with_two_servers(tmp_path, tiny_task, rpc_farm):
     assert tiny_task.id in result.best
 
 
+def test_parallel_collect_through_rpc_merges_shards(tmp_path, rpc_farm):
+    from cwm.collect import SHARD_DIR, collect, existing_counts, measured_trace_keys
+    from cwm.workloads import get_task
+
+    tasks = [get_task("matmul:M=32,N=32,K=32"), get_task("matmul:M=16,N=32,K=64")]
+    report = collect(tasks, tmp_path, n_random=4, n_evolutionary=0, batch=4, rpc=rpc_farm, jobs=2, progress=False)
+    assert report.measured == 8
+    assert existing_counts(tmp_path) == {t.id: 4 for t in tasks}
+    assert not (tmp_path / SHARD_DIR).exists() or not any((tmp_path / SHARD_DIR).iterdir())
+    keys = measured_trace_keys(tmp_path)
+    assert all(len(keys[t.id]) == 4 for t in tasks)  # no duplicates
+    # A finished collection is a no-op when re-run in parallel.
+    again = collect(tasks, tmp_path, n_random=4, n_evolutionary=0, batch=4, rpc=rpc_farm, jobs=2, progress=False)
+    assert again.measured == 0 and existing_counts(tmp_path) == {t.id: 4 for t in tasks}
+
+
+def test_parallel_collect_needs_rpc(tmp_path):
+    from cwm.collect import collect
+    from cwm.workloads import get_task
+
+    with pytest.raises(CwmError, match="RPC"):
+        collect([get_task("matmul:M=32,N=32,K=32")], tmp_path, n_random=2, n_evolutionary=0, jobs=2)
+
+
+def test_merge_database_adds_only_missing_records(tmp_path, tiny_db):
+    import shutil
+
+    from cwm.database import load_raw, merge_database
+
+    dst = tmp_path / "dst"
+    shutil.copytree(tiny_db, dst)
+    n = len(load_raw(dst).records)
+    assert merge_database(tiny_db, dst) == 0
+    assert merge_database(tiny_db, tmp_path / "fresh") == n
+    assert len(load_raw(tmp_path / "fresh").records) == n
+
+
 def test_rpc_runner_measures_on_every_server(rpc_farm):
     from cwm.measure import make_runner
 

@@ -80,6 +80,7 @@ def collect(
     seed: int = typer.Option(0),
     target: Optional[str] = typer.Option(None, help="'cpu' (default, this host), 'cuda' or target JSON."),
     rpc: Optional[str] = typer.Option(None, help="Measure through a TVM RPC tracker HOST:PORT:KEY."),
+    jobs: int = typer.Option(1, help="Tasks collected at once (each its own process; needs --rpc)."),
 ):
     """Measure candidates into a resumable MetaSchedule database."""
     from .collect import collect as run_collect
@@ -92,7 +93,7 @@ def collect(
     if not chosen:
         _fail("no tasks given; name workloads, 'reference', or --network")
     report = run_collect(chosen, db, n_random=random, n_evolutionary=evolutionary, batch=batch, seed=seed,
-                         target=tgt, rpc=RPCAddress.parse(rpc) if rpc else None)
+                         target=tgt, rpc=RPCAddress.parse(rpc) if rpc else None, jobs=jobs)
     typer.echo(json.dumps({k: v for k, v in report.as_json().items() if k != "per_task"}))
 
 

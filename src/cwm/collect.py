@@ -235,8 +235,15 @@ def collect(
     settings: EvaluatorSettings | None = None,
     rpc=None,
     progress: bool = True,
+    jobs: int = 1,
+    _base: Path | None = None,
 ) -> CollectReport:
-    """Measure up to ``n_random + n_evolutionary`` candidates per task into ``db_dir``."""
+    """Measure up to ``n_random + n_evolutionary`` candidates per task into ``db_dir``.
+
+    ``jobs > 1`` collects that many tasks at once, each process into its own shard database
+    under ``db_dir/shards`` that is merged into ``db_dir`` when it ends (or by the next run,
+    after a kill). It needs ``rpc``: on the host, parallel measurements would disturb each other.
+    """
     from tqdm import tqdm
 
     from .hardware import hardware_for_target, make_target
@@ -245,15 +252,28 @@ def collect(
         raise CwmError("collect needs a positive number of candidates per task")
     if batch <= 0:
         raise CwmError(f"batch must be positive, got {batch}")
+    if jobs < 1:
+        raise CwmError(f"jobs must be positive, got {jobs}")
+    if jobs > 1 and rpc is None:
+        raise CwmError("parallel collection (jobs > 1) measures through RPC; pass rpc (--rpc HOST:PORT:KEY)")
     if rpc is not None:
         rpc.check_reachable()  # fail fast, before anything is written
     target = target or make_target()
     db_dir = Path(db_dir)
+    if jobs > 1:
+        return _collect_parallel(tasks, db_dir, jobs=jobs, n_random=n_random, n_evolutionary=n_evolutionary,
+                                 target=target, batch=batch, seed=seed, settings=settings, rpc=rpc,
+                                 progress=progress)
     db = open_database(db_dir)
     _write_manifest(db_dir, target, hardware_for_target(target))
     write_task_index(db_dir, tasks)
     counts = existing_counts(db_dir)
     measured = measured_trace_keys(db_dir)  # task id -> traces; the phases below add what they propose
+    if _base is not None:  # a shard: the main database's records count and are never re-proposed
+        for tid, n in existing_counts(_base).items():
+            counts[tid] = counts.get(tid, 0) + n
+        for tid, keys in measured_trace_keys(_base).items():
+            measured.setdefault(tid, set()).update(keys)
     per_task_goal = n_random + n_evolutionary
     todo = [(t, counts.get(t.id, 0)) for t in tasks]
     total = sum(max(0, per_task_goal - have) for _, have in todo)
@@ -286,6 +306,89 @@ def collect(
             report.per_task[task.id] = {"name": task.name, "best_seconds": best[0]}
     finally:
         bar.close()
+        report.seconds = time.time() - start
+    return report
+
+
+SHARD_DIR = "shards"
+
+
+def _merge_shards(db_dir: Path) -> int:
+    """Fold every shard database into ``db_dir`` (failures too), then remove the shards."""
+    import shutil
+
+    from .database import merge_database
+
+    added = 0
+    root = db_dir / SHARD_DIR
+    for shard in sorted(p for p in root.glob("*") if p.is_dir()) if root.is_dir() else []:
+        added += merge_database(shard, db_dir)
+        failures = shard / FAILURE_FILE
+        if failures.exists():
+            lines = [ln for ln in failures.read_text().splitlines(keepends=True) if ln.endswith("\n")]
+            with open(db_dir / FAILURE_FILE, "a") as f:
+                f.write("".join(lines))
+        shutil.rmtree(shard)
+    return added
+
+
+def _collect_shard(tasks, shard_dir: str, base_dir: str, kwargs: dict) -> dict:
+    """One worker process of a parallel collection."""
+    from .workloads import resolve_task
+
+    from .hardware import make_target
+
+    target = kwargs.pop("target")
+
+    tgt = make_target(json.loads(target))
+    chosen = [resolve_task(name, tgt) for name in tasks]
+    report = collect(chosen, shard_dir, target=tgt, progress=False, _base=Path(base_dir), **kwargs)
+    return report.as_json()
+
+
+def _collect_parallel(tasks, db_dir: Path, *, jobs: int, n_random, n_evolutionary, target, batch, seed, settings,
+                      rpc, progress) -> CollectReport:
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, wait
+
+    from tqdm import tqdm
+
+    from .hardware import hardware_for_target
+
+    open_database(db_dir)
+    _write_manifest(db_dir, target, hardware_for_target(target))
+    write_task_index(db_dir, tasks)
+    _merge_shards(db_dir)  # what a killed run left behind
+    goal = n_random + n_evolutionary
+    counts = existing_counts(db_dir)
+    todo = [t for t in tasks if counts.get(t.id, 0) < goal]
+    total = sum(goal - counts.get(t.id, 0) for t in todo)
+    report = CollectReport()
+    start = time.time()
+    target_json = str(target)  # the target as JSON
+    kwargs = {"n_random": n_random, "n_evolutionary": n_evolutionary, "batch": batch, "settings": settings,
+              "rpc": rpc, "target": target_json}
+    groups = [todo[i::jobs] for i in range(jobs) if todo[i::jobs]]
+    shards = [db_dir / SHARD_DIR / f"{i}" for i in range(len(groups))]
+    bar = tqdm(total=total, unit="cand", disable=not progress, dynamic_ncols=True, desc=f"collect x{len(groups)}")
+    try:
+        with ProcessPoolExecutor(max_workers=max(1, len(groups)), mp_context=mp.get_context("spawn")) as pool:
+            futures = [pool.submit(_collect_shard, [t.name for t in g], str(shard), str(db_dir),
+                                   dict(kwargs, seed=seed + 7919 * i))
+                       for i, (g, shard) in enumerate(zip(groups, shards))]
+            pending = set(futures)
+            while pending:
+                _, pending = wait(pending, timeout=2.0)
+                done = sum(existing_counts(s).get(t.id, 0) for s in shards if s.exists() for t in todo)
+                bar.update(done - bar.n)
+            for fut in futures:
+                part = fut.result()  # a worker's error surfaces here, after the others finished
+                report.measured += part["measured"]
+                report.failed += part["failed"]
+                report.per_task.update(part["per_task"])
+    finally:
+        bar.close()
+        _merge_shards(db_dir)
         report.seconds = time.time() - start
     return report
 

@@ -295,3 +295,44 @@ def task_ids(db: RawDatabase) -> list[str | None]:
     from .workloads.task import task_id_of
 
     return [None if w is None else task_id_of(workload_module(w)) for w in db.workloads]
+
+
+def merge_database(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> int:
+    """Append the records of ``src_dir`` that ``dst_dir`` lacks (same workload and trace).
+
+    Works on the JSON lines directly, so records keep their exact form. Workloads are matched by
+    MetaSchedule's structural hash string; new ones are appended. Returns the records added.
+    """
+    src_dir, dst_dir = Path(src_dir), Path(dst_dir)
+    src = load_raw(src_dir, missing_ok=True)
+    if not src.records:
+        return 0
+    open_database(dst_dir)  # creates and repairs the destination files
+    dst = load_raw(dst_dir, missing_ok=True)
+    index_of = {w[0]: i for i, w in enumerate(dst.workloads) if w is not None}
+    seen = {(r.workload_index, json.dumps(r.trace_json, sort_keys=True)) for r in dst.records}
+    new_workloads, new_records = [], []
+    for rec in src.records:
+        entry = src.workloads[rec.workload_index]
+        if entry[0] not in index_of:
+            index_of[entry[0]] = len(dst.workloads) + len(new_workloads)
+            new_workloads.append(entry)
+        idx = index_of[entry[0]]
+        key = (idx, json.dumps(rec.trace_json, sort_keys=True))
+        if key in seen:
+            continue
+        seen.add(key)
+        body = [rec.trace_json, rec.run_secs, rec.target_json, rec.args_info]
+        new_records.append(json.dumps([idx, body]))
+    # Workloads first: a record line must never point past the workload file.
+    if new_workloads:
+        with open(dst_dir / WORKLOAD_FILE, "a") as f:
+            f.write("".join(json.dumps(w) + "\n" for w in new_workloads))
+            f.flush()
+            os.fsync(f.fileno())
+    if new_records:
+        with open(dst_dir / RECORD_FILE, "a") as f:
+            f.write("".join(line + "\n" for line in new_records))
+            f.flush()
+            os.fsync(f.fileno())
+    return len(new_records)
