@@ -295,9 +295,9 @@ def test_crashing_builds_and_hanging_runs_are_recorded_and_tuning_goes_on(tmp_pa
         return default_run_evaluator(rt_mod, device, evaluator_config, repeated_args)
 
     monkeypatch.setattr(cwm.tuning, "make_builder",
-                        lambda: ms.builder.LocalBuilder(max_workers=2, timeout_sec=4.0, f_build=flaky_build))
+                        lambda: ms.builder.LocalBuilder(max_workers=2, timeout_sec=12.0, f_build=flaky_build))
     monkeypatch.setattr(cwm.tuning, "make_runner",
-                        lambda settings, rpc: ms.runner.LocalRunner(timeout_sec=6.0, f_run_evaluator=flaky_run,
+                        lambda settings, rpc: ms.runner.LocalRunner(timeout_sec=12.0, f_run_evaluator=flaky_run,
                                                                     evaluator_config=EvaluatorSettings().config()))
     work = tmp_path / "tune"
     result = tune(TINY, trials=8, work_dir=work, cost_model="random", num_trials_per_iter=4, progress=False)

@@ -202,6 +202,9 @@ def tune_context(task, target, strategy: str, seed: int, num_threads: int | None
     )
 
 
+MAX_PHASE_ROUNDS = 8
+
+
 def _run_phase(task, target, db, db_dir, *, strategy, cost_model, trials, batch, seed, builder, runner, callbacks,
                measured: set[str]):
     import tvm.s_tir.meta_schedule as ms
@@ -294,15 +297,25 @@ def collect(
                 bar.set_postfix_str(f"{task.name[:40]} best={shown} {report.throughput_since(start):.2f}/s")
 
             callbacks = _measure_callbacks(db_dir, task.id, report, on_batch)
-            if have < n_random:
-                _run_phase(task, target, db, db_dir, strategy="replay-trace", cost_model="random",
-                           trials=n_random - have, batch=batch, seed=seed + i, builder=builder,
-                           runner=runner, callbacks=callbacks, measured=measured.setdefault(task.id, set()))
-                have = n_random
-            if have < per_task_goal:
-                _run_phase(task, target, db, db_dir, strategy="evolutionary", cost_model="xgb",
-                           trials=per_task_goal - have, batch=batch, seed=seed + 1000 + i, builder=builder,
-                           runner=runner, callbacks=callbacks, measured=measured.setdefault(task.id, set()))
+            base = counts.get(task.id, 0) - existing_counts(db_dir).get(task.id, 0)  # from _base
+            # A search whose proposals were measured before (a resumed run) spends budget on
+            # dropped duplicates and ends early; later rounds with new seeds measure the rest.
+            for round_ in range(MAX_PHASE_ROUNDS):
+                if have < n_random:
+                    _run_phase(task, target, db, db_dir, strategy="replay-trace", cost_model="random",
+                               trials=n_random - have, batch=batch, seed=seed + i + 7919 * round_, builder=builder,
+                               runner=runner, callbacks=callbacks, measured=measured.setdefault(task.id, set()))
+                elif have < per_task_goal:
+                    _run_phase(task, target, db, db_dir, strategy="evolutionary", cost_model="xgb",
+                               trials=per_task_goal - have, batch=batch, seed=seed + 1000 + i + 7919 * round_,
+                               builder=builder, runner=runner, callbacks=callbacks,
+                               measured=measured.setdefault(task.id, set()))
+                else:
+                    break
+                now = base + existing_counts(db_dir).get(task.id, 0)
+                if now == have and have >= n_random:
+                    break  # the design space has nothing new left
+                have = now
             report.per_task[task.id] = {"name": task.name, "best_seconds": best[0]}
     finally:
         bar.close()

@@ -128,6 +128,9 @@ def _callbacks(result: TuneResult, tasks, bar, failure_path: Path):
     ]
 
 
+MAX_SEARCH_ROUNDS = 4
+
+
 def tune(
     tasks,
     *,
@@ -185,24 +188,32 @@ def tune(
     start = time.time()
     if remaining:
         measured = measured_trace_keys(work_dir)
-        contexts = [tune_context(t, target, "evolutionary", seed + i, measured=measured.get(t.id, set()))
-                    for i, t in enumerate(tasks)]
         with tqdm(total=remaining, unit="trial", disable=not progress, dynamic_ncols=True,
                   desc=f"tune[{cost_model}]") as bar:
-            ms.tune_tasks(
-                tasks=contexts,
-                task_weights=[t.weight for t in tasks],
-                work_dir=str(work_dir),
-                max_trials_global=remaining,
-                max_trials_per_task=None,
-                num_trials_per_iter=min(num_trials_per_iter, remaining),
-                builder=make_builder(),
-                runner=make_runner(settings, rpc),
-                database=db,
-                cost_model=model,
-                measure_callbacks=_callbacks(result, tasks, bar, work_dir / FAILURE_FILE),
-                task_scheduler="gradient" if len(tasks) > 1 else "round-robin",
-            )
+            # A resumed search re-proposes what was measured before; those are dropped, and a search
+            # that ends early that way is followed by one with a new seed for the rest of the budget.
+            for round_ in range(MAX_SEARCH_ROUNDS):
+                contexts = [tune_context(t, target, "evolutionary", seed + i + 7919 * round_,
+                                         measured=measured.setdefault(t.id, set()))
+                            for i, t in enumerate(tasks)]
+                ms.tune_tasks(
+                    tasks=contexts,
+                    task_weights=[t.weight for t in tasks],
+                    work_dir=str(work_dir),
+                    max_trials_global=remaining,
+                    max_trials_per_task=None,
+                    num_trials_per_iter=min(num_trials_per_iter, remaining),
+                    builder=make_builder(),
+                    runner=make_runner(settings, rpc),
+                    database=db,
+                    cost_model=model,
+                    measure_callbacks=_callbacks(result, tasks, bar, work_dir / FAILURE_FILE),
+                    task_scheduler="gradient" if len(tasks) > 1 else "round-robin",
+                )
+                left = max(0, trials - sum(existing_counts(work_dir).get(t.id, 0) for t in tasks))
+                if left == 0 or left == remaining:
+                    break  # done, or the design space has nothing new left
+                remaining = left
     result.seconds = time.time() - start
     result.cost_model_seconds = model.seconds_spent
     _fill_best_from_database(result, work_dir)
