@@ -143,7 +143,9 @@ def evaluator_throughput(model, xgb, ds, target, batch: int) -> dict:
     from .cost_model import WorldModelCostModel, measure_candidates
 
     tid, trajs = max(ds.by_task.items(), key=lambda kv: len(kv[1]))
-    actions = [trajs[i % len(trajs)].actions for i in range(batch)]
+    # Distinct candidates only: the cwm cost model scores a repeated trace once.
+    batch = min(batch, len(trajs))
+    actions = [t.actions for t in trajs[:batch]]
     cands = measure_candidates(ds.modules[tid], actions)
     ctx = ms.TuneContext(mod=ds.modules[tid], target=target, task_name=tid)
     cwm_model = WorldModelCostModel(model, online=False)
@@ -152,6 +154,7 @@ def evaluator_throughput(model, xgb, ds, target, batch: int) -> dict:
     for name, fn in (("cwm", lambda: cwm_model.predict(ctx, cands)), ("xgb-static", lambda: xgb.predict(ctx, cands))):
         runs = []
         for _ in range(3):
+            cwm_model._rows.clear()  # time the cold path: no candidate's features are cached
             t = time.perf_counter()
             fn()
             runs.append(time.perf_counter() - t)
