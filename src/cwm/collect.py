@@ -270,11 +270,13 @@ def collect(
     db = open_database(db_dir)
     _write_manifest(db_dir, target, hardware_for_target(target))
     write_task_index(db_dir, tasks)
+    # A shard (``_base`` given): the main database's records count and are never re-proposed.
+    base_counts = existing_counts(_base) if _base is not None else {}
     counts = existing_counts(db_dir)
+    for tid, n in base_counts.items():
+        counts[tid] = counts.get(tid, 0) + n
     measured = measured_trace_keys(db_dir)  # task id -> traces; the phases below add what they propose
-    if _base is not None:  # a shard: the main database's records count and are never re-proposed
-        for tid, n in existing_counts(_base).items():
-            counts[tid] = counts.get(tid, 0) + n
+    if _base is not None:
         for tid, keys in measured_trace_keys(_base).items():
             measured.setdefault(tid, set()).update(keys)
     per_task_goal = n_random + n_evolutionary
@@ -297,7 +299,7 @@ def collect(
                 bar.set_postfix_str(f"{task.name[:40]} best={shown} {report.throughput_since(start):.2f}/s")
 
             callbacks = _measure_callbacks(db_dir, task.id, report, on_batch)
-            base = counts.get(task.id, 0) - existing_counts(db_dir).get(task.id, 0)  # from _base
+            base = base_counts.get(task.id, 0)
             # A search whose proposals were measured before (a resumed run) spends budget on
             # dropped duplicates and ends early; later rounds with new seeds measure the rest.
             for round_ in range(MAX_PHASE_ROUNDS):
@@ -392,7 +394,7 @@ def _collect_parallel(tasks, db_dir: Path, *, jobs: int, n_random, n_evolutionar
             pending = set(futures)
             while pending:
                 _, pending = wait(pending, timeout=2.0)
-                done = sum(existing_counts(s).get(t.id, 0) for s in shards if s.exists() for t in todo)
+                done = sum(sum(existing_counts(s).values()) for s in shards if s.exists())
                 bar.update(done - bar.n)
             for fut in futures:
                 part = fut.result()  # a worker's error surfaces here, after the others finished

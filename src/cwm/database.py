@@ -303,6 +303,8 @@ def merge_database(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> in
     Works on the JSON lines directly, so records keep their exact form. Workloads are matched by
     MetaSchedule's structural hash string; new ones are appended. Returns the records added.
     """
+    from .collect import trace_key
+
     src_dir, dst_dir = Path(src_dir), Path(dst_dir)
     src = load_raw(src_dir, missing_ok=True)
     if not src.records:
@@ -310,7 +312,7 @@ def merge_database(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> in
     open_database(dst_dir)  # creates and repairs the destination files
     dst = load_raw(dst_dir, missing_ok=True)
     index_of = {w[0]: i for i, w in enumerate(dst.workloads) if w is not None}
-    seen = {(r.workload_index, json.dumps(r.trace_json, sort_keys=True)) for r in dst.records}
+    seen = {(r.workload_index, trace_key(r.trace_json)) for r in dst.records}
     new_workloads, new_records = [], []
     for rec in src.records:
         entry = src.workloads[rec.workload_index]
@@ -318,7 +320,7 @@ def merge_database(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> in
             index_of[entry[0]] = len(dst.workloads) + len(new_workloads)
             new_workloads.append(entry)
         idx = index_of[entry[0]]
-        key = (idx, json.dumps(rec.trace_json, sort_keys=True))
+        key = (idx, trace_key(rec.trace_json))
         if key in seen:
             continue
         seen.add(key)
