@@ -317,6 +317,9 @@ def bench_e2e(
     out: Path = typer.Option(Path("benchmarks/results/e2e")),
     work_root: Path = typer.Option(Path("runs/bench_e2e"), help="Per-network tuning databases (resumable)."),
     runs: int = typer.Option(30, help="Timed runs per contender (median), interleaved."),
+    seeds: int = typer.Option(1, help="Tuning seeds per cost model (latency is their geometric mean)."),
+    cost_models: str = typer.Option("xgb,cwm", help="Comma-separated cost models to tune with."),
+    num_trials_per_iter: int = typer.Option(16, help="Candidates measured per task-scheduler round."),
 ):
     """End to end: PyTorch eager and compile vs TVM untuned, xgb-tuned and cwm-tuned networks."""
     from .benchmarks.e2e import DEFAULT_NETWORKS, run_e2e_benchmark
@@ -324,7 +327,9 @@ def bench_e2e(
 
     _quiet_tvm_logs()
     summary = run_e2e_benchmark(networks or DEFAULT_NETWORKS, out, trials_per_task=trials_per_task,
-                                model_path=model or default_model_dir(), work_root=work_root, runs=runs)
+                                model_path=model or default_model_dir(), work_root=work_root, runs=runs,
+                                seeds=tuple(range(seeds)), num_trials_per_iter=num_trials_per_iter,
+                                cost_models=tuple(c.strip() for c in cost_models.split(",") if c.strip()))
     typer.echo(json.dumps(summary.get("geomean_speedup_vs_eager", {}), default=float))
     typer.echo(f"report: {out / 'e2e.json'}, {out / 'e2e.md'}, {out / 'e2e.png'}")
 

@@ -160,7 +160,7 @@ def run_e2e_benchmark(
     warmup: int = 3,
     threads: int = 2,
     target=None,
-    num_trials_per_iter: int = 32,
+    num_trials_per_iter: int = 16,
     torch_compile: bool = True,
     roofline_top: int = 5,
     peak_n: int = 1024,
