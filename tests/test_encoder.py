@@ -295,7 +295,8 @@ def test_cache_hit_and_corrupt_file_recomputed(fitted, tmp_path):
 
     target.write_bytes(b"garbage")  # wrong size: ignored, recomputed and rewritten
     third = enc.encode(texts)
-    assert np.array_equal(third, first)
+    # Recomputed alone rather than in a batch of four: padding may change the last bits.
+    assert np.allclose(third[0], first[0], atol=1e-5) and np.array_equal(third[1:], first[1:])
     assert target.stat().st_size == enc.dim * 4
 
     # A retrained model has another fingerprint, so it never reuses these vectors.

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .actions import NON_IR_KINDS
+from .actions import NON_IR_KINDS, QUERY_KINDS, SAMPLING_KINDS
 
 # --------------------------------------------------------------------------------------------
 # Vocabularies
@@ -47,18 +47,8 @@ UNK_ID = 1
 KNOWN_KINDS: tuple[str, ...] = (
     "<pad>",
     "<unk>",
-    # queries
-    "GetSBlock",
-    "GetLoops",
-    "GetChildBlocks",
-    "GetProducers",
-    "GetConsumers",
-    "GetOutputBlocks",
-    # sampling
-    "SamplePerfectTile",
-    "SamplePartitionedTile",
-    "SampleCategorical",
-    "SampleComputeLocation",
+    *QUERY_KINDS,
+    *SAMPLING_KINDS,
     # loop transformations
     "Split",
     "LoopPartition",

@@ -11,22 +11,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+QUERY_KINDS = ("GetSBlock", "GetLoops", "GetChildBlocks", "GetProducers", "GetConsumers", "GetOutputBlocks")
+SAMPLING_KINDS = ("SamplePerfectTile", "SamplePartitionedTile", "SampleCategorical", "SampleComputeLocation")
 # Instructions that only query or sample: they leave the IR text unchanged.
-NON_IR_KINDS = frozenset(
-    {
-        "GetSBlock",
-        "GetLoops",
-        "GetChildBlocks",
-        "GetProducers",
-        "GetConsumers",
-        "GetOutputBlocks",
-        "SamplePerfectTile",
-        "SamplePartitionedTile",
-        "SampleCategorical",
-        "SampleComputeLocation",
-        "EnterPostproc",
-    }
-)
+NON_IR_KINDS = frozenset(QUERY_KINDS + SAMPLING_KINDS + ("EnterPostproc",))
 
 
 def to_plain(obj: Any) -> Any:

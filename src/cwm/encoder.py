@@ -824,19 +824,16 @@ class StateEncoder:
         """Restore an encoder written by ``save``; raises CwmError naming a missing or bad file."""
         from safetensors.torch import load_file
 
+        from .persist import read_config
+
         directory = Path(directory)
-        for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE):
-            if not (directory / name).is_file():
-                raise CwmError(f"encoder file missing: {directory / name}")
         config_path = directory / CONFIG_FILE
+        meta = read_config(directory, CONFIG_FILE, (WEIGHTS_FILE, TOKENIZER_FILE), _FORMAT, "encoder")
         try:
-            meta = json.loads(config_path.read_text())
             config = EncoderConfig.from_dict(meta["config"])
             model_dict = meta["model"]
-        except (OSError, ValueError, KeyError, TypeError, CwmError) as err:
+        except (ValueError, KeyError, TypeError, CwmError) as err:
             raise CwmError(f"invalid encoder config {config_path}: {err}") from err
-        if meta.get("format") != _FORMAT:
-            raise CwmError(f"{config_path} is not a cwm state encoder config")
         expected = {
             "vocab_size": config.vocab_size,
             "hidden_size": config.hidden_size,

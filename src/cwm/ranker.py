@@ -409,18 +409,12 @@ class LambdaRanker:
         """Restore a ranker written by :meth:`save`."""
         import xgboost as xgb
 
+        from cwm.persist import read_config
+
         d = Path(directory)
         cfg_path = d / CONFIG_FILE
         model_path = d / MODEL_FILE
-        for p in (cfg_path, model_path):
-            if not p.is_file():
-                raise CwmError(f"ranker file not found: {p}")
-        try:
-            meta = json.loads(cfg_path.read_text())
-        except (OSError, ValueError) as e:
-            raise CwmError(f"cannot read {cfg_path}: {e}") from None
-        if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
-            raise CwmError(f"{cfg_path} is not a cwm ranker config")
+        meta = read_config(d, CONFIG_FILE, (MODEL_FILE,), _FORMAT, "ranker")
         if meta.get("version") != _FORMAT_VERSION:
             raise CwmError(
                 f"{cfg_path} has format version {meta.get('version')}, "

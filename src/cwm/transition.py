@@ -707,18 +707,12 @@ class Transition:
     def load(cls, directory: str | Path) -> "Transition":
         from safetensors.torch import load_file
 
+        from .persist import read_config
+
         directory = Path(directory)
         cfg_path = directory / CONFIG_FILE
         w_path = directory / WEIGHTS_FILE
-        for p in (cfg_path, w_path):
-            if not p.is_file():
-                raise CwmError(f"transition model file missing: {p}")
-        try:
-            meta = json.loads(cfg_path.read_text())
-        except (OSError, ValueError) as e:
-            raise CwmError(f"cannot read {cfg_path}: {e}") from e
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            raise CwmError(f"{cfg_path} is not a {FORMAT} transition config")
+        meta = read_config(directory, CONFIG_FILE, (WEIGHTS_FILE,), FORMAT, "transition model")
         try:
             config = TransitionConfig.from_dict(meta.get("config"))
         except CwmError as e:
