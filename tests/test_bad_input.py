@@ -295,6 +295,10 @@ CASES = [
     (["bench", "e2e", "nosuchnet", "--out", "{tmp}/be", "--work-root", "{tmp}/ber"], ["unknown network 'nosuchnet'"]),
     (["bench", "e2e", "resnet18", "--trials-per-task", "0", "--out", "{tmp}/be"], ["must be positive"]),
     (["bench", "e2e", "resnet18", "--runs", "0", "--out", "{tmp}/be"], ["must be positive"]),
+    (["bench", "e2e", "resnet18", "--num-trials-per-iter", "0", "--out", "{tmp}/be"], ["must be positive"]),
+    (["bench", "e2e", "resnet18", "--seeds", "0", "--out", "{tmp}/be"], ["at least one tuning seed"]),
+    (["bench", "e2e", "resnet18", "--cost-models", "xgb,nosuch", "--out", "{tmp}/be"], ["unknown cost model 'nosuch'"]),
+    (["bench", "e2e", "resnet18", "--cost-models", ",", "--out", "{tmp}/be"], ["at least one cost model"]),
     (["bench", "e2e", "resnet18", "--model", "{missing}", "--out", "{tmp}/be"], ["{missing} does not exist"]),
     # dataset
     (["dataset", "stats", "--db", "{png}"], ["{png} is a file"]),

@@ -175,8 +175,13 @@ def run_e2e_benchmark(
     from ..hardware import host_cpu, make_target
     from ..tuning import COST_MODELS
 
-    if runs < 1 or trials_per_task < 1:
-        raise CwmError("runs and trials_per_task must be positive")
+    if runs < 1 or trials_per_task < 1 or num_trials_per_iter < 1:
+        raise CwmError("runs, trials_per_task and num_trials_per_iter must be positive")
+    seeds = tuple(int(s) for s in seeds)
+    if not seeds:
+        raise CwmError("at least one tuning seed is needed")
+    if not cost_models:
+        raise CwmError("at least one cost model is needed")
     for cm in cost_models:
         if cm not in COST_MODELS:
             raise CwmError(f"unknown cost model {cm!r}; choose from {', '.join(COST_MODELS)}")
@@ -203,7 +208,6 @@ def run_e2e_benchmark(
         from ..world_model import WorldModel
 
         WorldModel.load(path)  # a corrupt or outdated model fails now, not after the xgb runs
-    seeds = tuple(int(s) for s in seeds) or (0,)
     target = make_target(target) if not hasattr(target, "kind") else target
     out_dir, work_root = Path(out_dir), Path(work_root)
     out_dir.mkdir(parents=True, exist_ok=True)
