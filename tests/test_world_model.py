@@ -123,6 +123,13 @@ def test_cost_model_feature_cache_matches_fresh_features(tiny_model, multi_db):
                                                          for c in cands], cm._hardware(ctx))
     assert np.allclose(first, fresh, atol=1e-6)
 
+    # A full cache is dropped, but a batch of cached and new rows is still scored whole.
+    cm._rows.clear()
+    cm.max_cached_rows = len(cands) // 2 + 1
+    cm._features(ctx, cands[: len(cands) // 2])
+    _, bounded = cm._features(ctx, cands)
+    assert np.array_equal(bounded, first) and len(cm._rows) <= len(cands)
+
 
 @pytest.mark.parametrize("cost_model", ["cwm", "xgb", "random"])
 def test_eight_trial_tune_gives_a_valid_database(cost_model, tiny_model, tmp_path):

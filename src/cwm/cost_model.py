@@ -105,7 +105,8 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
                        for i in missing.values()]
             new = self.model.features(text, actions, self._hardware(context))
             if len(self._rows) + len(missing) > self.max_cached_rows:
-                self._rows.clear()
+                # Bounded memory: drop the cache, but keep the rows this batch still needs.
+                self._rows = {k: self._rows[k] for k in keys if k in self._rows}
             self._rows.update(zip(missing, new))
         return tid, np.stack([self._rows[k] for k in keys])
 
