@@ -111,13 +111,15 @@ def _tune_timed(tasks, budget, work_dir: Path, cost_model, model_path, target, s
         except (json.JSONDecodeError, OSError):
             pass
     start = time.time()
-    result = tune(tasks, trials=budget, work_dir=work_dir, cost_model=cost_model, model_path=model_path,
-                  target=target, seed=seed, num_trials_per_iter=per_iter, progress=progress)
-    elapsed = time.time() - start
-    total = {"seconds": float(prev.get("seconds", 0.0)) + elapsed,
-             "invocations": int(prev.get("invocations", 0)) + 1}
-    work_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(time_file, json.dumps(total) + "\n")
+    try:
+        result = tune(tasks, trials=budget, work_dir=work_dir, cost_model=cost_model, model_path=model_path,
+                      target=target, seed=seed, num_trials_per_iter=per_iter, progress=progress)
+    finally:  # a crashed invocation's time counts too: its records stay in the database
+        elapsed = time.time() - start
+        total = {"seconds": float(prev.get("seconds", 0.0)) + elapsed,
+                 "invocations": int(prev.get("invocations", 0)) + 1}
+        work_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(time_file, json.dumps(total) + "\n")
     return result, total["seconds"], elapsed
 
 
