@@ -299,3 +299,18 @@ def test_e2e_benchmark_tiny_mode(mlp_build, tmp_path, target):
     # Resumable: a second run with the same settings skips the finished network.
     again = run_e2e_benchmark([("mlp", model, inputs)], out, **kwargs)
     assert again["networks"]["mlp"]["seconds"] == e["seconds"]
+
+
+def test_e2e_tuning_time_survives_a_crash(tmp_path, monkeypatch):
+    import cwm.tuning
+    from cwm.benchmarks.e2e import TUNING_TIME_FILE, _tune_timed
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("killed mid-tune")
+
+    monkeypatch.setattr(cwm.tuning, "tune", crash)
+    (tmp_path / TUNING_TIME_FILE).write_text(json.dumps({"seconds": 100.0, "invocations": 1}))
+    with pytest.raises(RuntimeError):
+        _tune_timed([], 8, tmp_path, "xgb", None, None, 0, 4, False)
+    saved = json.loads((tmp_path / TUNING_TIME_FILE).read_text())
+    assert saved["invocations"] == 2 and saved["seconds"] >= 100.0
