@@ -266,6 +266,13 @@ def test_timing_helpers_interleave_and_report_medians():
     assert timings["a"].runs == 4 and timings["a"].median_s >= 0
     assert peak_matmul_gflops(n=128, runs=5) > 0
 
+    # A slow contender stops after min_runs once its calls pass max_seconds; a fast one runs on.
+    import time
+
+    timings, _ = time_interleaved({"slow": lambda: time.sleep(0.02), "fast": lambda: None},
+                                  runs=12, warmup=1, max_seconds=0.05, min_runs=3)
+    assert timings["slow"].runs == 3 and timings["fast"].runs == 12
+
 
 def test_e2e_benchmark_tiny_mode(mlp_build, tmp_path, target):
     from cwm.benchmarks.e2e import run_e2e_benchmark

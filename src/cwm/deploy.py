@@ -759,12 +759,15 @@ class Timing:
 
 
 def time_interleaved(contenders: dict[str, Callable[[], object]], *, runs: int = 30, warmup: int = 3,
-                     threads: int | None = 2) -> tuple[dict[str, Timing], dict[str, str]]:
+                     threads: int | None = 2, max_seconds: float | None = None,
+                     min_runs: int = 5) -> tuple[dict[str, Timing], dict[str, str]]:
     """Time several callables in round-robin: each round calls every contender once (the order
     rotates each round), so load changes on a shared machine hit all contenders alike.
 
     A contender whose warm-up raises is dropped and its error recorded. Returns
-    ``({name: Timing}, {name: error})``; each Timing is the median of ``runs`` calls.
+    ``({name: Timing}, {name: error})``; each Timing is the median of ``runs`` calls, except that
+    with ``max_seconds`` a contender whose timed calls add up to more than that stops after
+    ``min_runs`` calls (an untuned network can take seconds a call; its Timing says how many).
     """
     if threads:
         set_threads(threads)
@@ -783,6 +786,9 @@ def time_interleaved(contenders: dict[str, Callable[[], object]], *, runs: int =
     for r in range(runs):
         order = names[r % len(names):] + names[:r % len(names)] if names else []
         for name in order:
+            done = samples[name]
+            if max_seconds is not None and len(done) >= min_runs and sum(done) > max_seconds:
+                continue
             t0 = time.perf_counter()
             live[name]()
             samples[name].append(time.perf_counter() - t0)
