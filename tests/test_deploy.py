@@ -272,6 +272,11 @@ def test_timing_helpers_interleave_and_report_medians():
     timings, _ = time_interleaved({"slow": lambda: time.sleep(0.02), "fast": lambda: None},
                                   runs=12, warmup=1, max_seconds=0.05, min_runs=3)
     assert timings["slow"].runs == 3 and timings["fast"].runs == 12
+    # A call over a tenth of max_seconds ends the warm-up and counts as a timed call.
+    calls.clear()
+    timings, _ = time_interleaved({"slow": lambda: (calls.append(1), time.sleep(0.06))},
+                                  runs=12, warmup=3, max_seconds=0.1, min_runs=2)
+    assert len(calls) == 2 and timings["slow"].runs == 2
 
 
 def test_e2e_benchmark_tiny_mode(mlp_build, tmp_path, target):

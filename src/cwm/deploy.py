@@ -765,29 +765,38 @@ def time_interleaved(contenders: dict[str, Callable[[], object]], *, runs: int =
     rotates each round), so load changes on a shared machine hit all contenders alike.
 
     A contender whose warm-up raises is dropped and its error recorded. Returns
-    ``({name: Timing}, {name: error})``; each Timing is the median of ``runs`` calls, except that
-    with ``max_seconds`` a contender whose timed calls add up to more than that stops after
-    ``min_runs`` calls (an untuned network can take seconds a call; its Timing says how many).
+    ``({name: Timing}, {name: error})``; each Timing is the median of ``runs`` calls, except with
+    ``max_seconds``, for contenders that take seconds a call (an untuned network): one stops once
+    its timed calls add up to more than ``max_seconds`` and it has ``min_runs`` of them; one whose
+    first warm-up call alone takes over a tenth of ``max_seconds`` skips the other warm-ups, and
+    that call counts as a timed one. Each Timing says how many calls it has.
     """
     if threads:
         set_threads(threads)
     errors: dict[str, str] = {}
     live = {}
+    samples: dict[str, list[float]] = {}
     for name, fn in contenders.items():
         try:
+            samples[name] = []
             for _ in range(max(1, warmup)):
+                t0 = time.perf_counter()
                 fn()
+                took = time.perf_counter() - t0
+                if max_seconds is not None and took > max_seconds / 10:
+                    samples[name].append(took)
+                    break
             live[name] = fn
         except Exception as err:  # e.g. torch.compile without a working toolchain
             errors[name] = f"{type(err).__name__}: {_first_line(err)}"[:500]
             log.warning("%s failed in warm-up and is not timed: %s", name, errors[name])
-    samples: dict[str, list[float]] = {name: [] for name in live}
+    samples = {name: samples[name] for name in live}
     names = list(live)
     for r in range(runs):
         order = names[r % len(names):] + names[:r % len(names)] if names else []
         for name in order:
             done = samples[name]
-            if max_seconds is not None and len(done) >= min_runs and sum(done) > max_seconds:
+            if len(done) >= runs or (max_seconds is not None and len(done) >= min_runs and sum(done) > max_seconds):
                 continue
             t0 = time.perf_counter()
             live[name]()
