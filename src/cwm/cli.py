@@ -103,7 +103,8 @@ DEFAULT_WORKLOAD = "dense_relu:M=128,N=512,K=256"
 @app.command()
 def tune(
     workload: Optional[str] = typer.Argument(None, help=f"Registry workload or network task (default {DEFAULT_WORKLOAD})."),
-    network: Optional[str] = typer.Option(None, help="Tune every tunable task of a network, weighted."),
+    network: Optional[str] = typer.Option(None, help="Tune a network: its compute tasks share --trials, weighted; "
+                                          "its layout tasks get 8 trials each on top."),
     tir: Optional[Path] = typer.Option(None, "--tir", help="A TVMScript file with your own kernel."),
     trials: int = typer.Option(64, help="Measurement budget in total."),
     cost_model: str = typer.Option("cwm", help="cwm | xgb | random"),
@@ -134,6 +135,15 @@ def tune(
         tasks = _tasks_from(names, network, tgt)
     result = run_tune(tasks, trials=trials, work_dir=work_dir, cost_model=cost_model, model_path=model,
                       target=tgt, rpc=address, seed=seed, num_trials_per_iter=per_iter)
+    if network is not None:
+        from .tuning import tune_layout_tasks
+        from .workloads import network_tasks
+
+        layout = tune_layout_tasks(network_tasks(network, tgt), work_dir=work_dir, cost_model=cost_model,
+                                   model_path=model, target=tgt, rpc=address, seed=seed)
+        if layout is not None:
+            typer.echo(f"{len(layout.tasks)} layout tasks: {len(layout.best)} tuned, "
+                       f"{len(layout.tasks) - len(layout.best)} without a valid candidate")
     for t in tasks:
         best = result.best.get(t.id)
         if best:

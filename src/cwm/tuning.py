@@ -222,6 +222,24 @@ def tune(
     return result
 
 
+def tune_layout_tasks(tasks, *, work_dir, cost_model: str = "cwm", model_path=None, target=None, rpc=None,
+                      seed: int = 0, progress: bool = True) -> TuneResult | None:
+    """Tune the layout tasks among ``tasks`` (see ``cwm.workloads.tunable``) with
+    ``LAYOUT_TRIALS_PER_TASK`` trials each, into the same (resumable) work directory.
+
+    Untuned, MetaSchedule leaves them as serial scalar loops: in BERT they were a fifth of the
+    network's time. None when there are no layout tasks.
+    """
+    from .workloads.networks import LAYOUT_TRIALS_PER_TASK, tunable
+
+    layout = [t for t in tasks if not tunable(t)]
+    if not layout:
+        return None
+    return tune(layout, trials=LAYOUT_TRIALS_PER_TASK * len(layout), work_dir=work_dir, cost_model=cost_model,
+                model_path=model_path, target=target, rpc=rpc, seed=seed,
+                num_trials_per_iter=LAYOUT_TRIALS_PER_TASK, progress=progress, report=False)
+
+
 def _fill_best_from_database(result: TuneResult, work_dir: Path) -> None:
     """Best records of earlier (resumed) runs count too."""
     from .dataset import load_dataset

@@ -1,7 +1,8 @@
 """End-to-end benchmark: tuned networks against PyTorch.
 
-For each network: tune its tunable tasks with each cost model under the same budget
-(``trials_per_task`` x number of tunable tasks, MetaSchedule's gradient task scheduler), build
+For each network: tune its compute tasks with each cost model under the same budget
+(``trials_per_task`` x number of compute tasks, MetaSchedule's gradient task scheduler) and its
+layout tasks with ``LAYOUT_TRIALS_PER_TASK`` trials each, build
 the untuned and tuned libraries, check each against PyTorch, then time PyTorch eager,
 ``torch.compile`` (inductor), TVM untuned and TVM tuned per cost model, interleaved round-robin,
 median of ``runs`` calls. Also records the tuning wall time and a roofline: the GFLOP/s of the
@@ -102,8 +103,10 @@ def _build_cached(mod_fn, db_dir, target, lib_path: Path) -> dict:
 
 
 def _tune_timed(tasks, budget, work_dir: Path, cost_model, model_path, target, seed, per_iter, progress):
-    """tune() with the wall time accumulated across resumed invocations in the work directory."""
-    from ..tuning import tune
+    """tune() of the compute tasks, then tune_layout_tasks() of the layout tasks, with the wall time
+    accumulated across resumed invocations in the work directory. ``tasks``: all of the network's."""
+    from ..tuning import tune, tune_layout_tasks
+    from ..workloads import tunable
 
     time_file = work_dir / TUNING_TIME_FILE
     prev = {"seconds": 0.0, "invocations": 0}
@@ -114,8 +117,11 @@ def _tune_timed(tasks, budget, work_dir: Path, cost_model, model_path, target, s
             pass
     start = time.time()
     try:
-        result = tune(tasks, trials=budget, work_dir=work_dir, cost_model=cost_model, model_path=model_path,
-                      target=target, seed=seed, num_trials_per_iter=per_iter, progress=progress)
+        result = tune([t for t in tasks if tunable(t)], trials=budget, work_dir=work_dir, cost_model=cost_model,
+                      model_path=model_path, target=target, seed=seed, num_trials_per_iter=per_iter,
+                      progress=progress)
+        tune_layout_tasks(tasks, work_dir=work_dir, cost_model=cost_model, model_path=model_path, target=target,
+                          seed=seed, progress=progress)
     finally:  # a crashed invocation's time counts too: its records stay in the database
         elapsed = time.time() - start
         total = {"seconds": float(prev.get("seconds", 0.0)) + elapsed,
@@ -146,8 +152,11 @@ def _roofline(tasks, tune_results: dict, peak: tuple[float, float], top: int) ->
 
 
 def _config(trials_per_task, seeds, cost_models, runs, target, peak_n=1024) -> dict:
-    return {"trials_per_task": trials_per_task, "seeds": list(seeds), "cost_models": list(cost_models),
-            "runs": runs, "target": str(target), "peak_n": peak_n}
+    from ..workloads.networks import LAYOUT_TRIALS_PER_TASK
+
+    return {"trials_per_task": trials_per_task, "layout_trials_per_task": LAYOUT_TRIALS_PER_TASK,
+            "seeds": list(seeds), "cost_models": list(cost_models), "runs": runs, "target": str(target),
+            "peak_n": peak_n}
 
 
 def run_e2e_benchmark(
@@ -275,8 +284,10 @@ def _benchmark_network(name, model, inputs, *, target, config, out_dir, work_roo
     all_tasks = deploy.extract_tasks(mod_fn(), target, network=name)
     tasks = [t for t in all_tasks if tunable(t)]
     budget = trials_per_task * len(tasks)
+    layout_budget = config["layout_trials_per_task"] * (len(all_tasks) - len(tasks))
     entry = {"config": config, "status": "running", "total_tasks": len(all_tasks), "tunable_tasks": len(tasks),
-             "trials_per_cost_model": budget, "tuning": {}, "builds": {}, "checks": {}, "latency_ms": {},
+             "trials_per_cost_model": budget + layout_budget, "layout_trials": layout_budget,
+             "tuning": {}, "builds": {}, "checks": {}, "latency_ms": {},
              "latency_ms_per_seed": {}, "timing": {}, "errors": {}, "speedup_vs_eager": {}}
 
     # 1. Tuning, the same budget for every cost model and seed.
@@ -287,7 +298,8 @@ def _benchmark_network(name, model, inputs, *, target, config, out_dir, work_roo
             wd = work_root / name / cm / f"seed{seed}"
             if not tasks:
                 continue
-            result, total_s, this_s = _tune_timed(tasks, budget, wd, cm, model_path, target, seed, per_iter, progress)
+            result, total_s, this_s = _tune_timed(all_tasks, budget, wd, cm, model_path, target, seed, per_iter,
+                                                  progress)
             tune_results[cm][seed] = result
             entry["tuning"].setdefault(cm, {})[str(seed)] = {
                 "work_dir": str(wd), "seconds": round(total_s, 1), "seconds_this_run": round(this_s, 1),
@@ -396,9 +408,11 @@ def markdown(summary: dict) -> str:
         "# End-to-end latency against PyTorch",
         "",
         f"Batch 1, fp32, {summary['host']['threads']} threads on {summary['host']['cpu']}; median of "
-        f"{cfg['runs']} interleaved runs (a contender slower than 2 s a call: at least 5 runs, about 60 s; "
-        "`timing` in e2e.json has each count). Tuning budget: {cfg['trials_per_task']} trials x tunable tasks "
-        f"per cost model and seed (seeds {cfg['seeds']}). Cells: latency in ms (speed-up over PyTorch eager).",
+        f"{cfg['runs']} interleaved runs (a contender slower than 2 s a call: at least 3 runs, about "
+        f"{TIMING_BUDGET_S:.0f} s; `timing` in e2e.json has each count). Tuning budget per cost model and "
+        f"seed (seeds {cfg['seeds']}): {cfg['trials_per_task']} trials x compute task, plus "
+        f"{cfg.get('layout_trials_per_task', 0)} trials x layout task (reshape, transpose and other moves). "
+        "Cells: latency in ms (speed-up over PyTorch eager).",
         "",
         "| network | tasks (tunable) | " + " | ".join(_label(c) for c in contenders) + " |",
         "|---|---|" + "---|" * len(contenders),

@@ -215,5 +215,11 @@ def network_tasks(name: str, target=None) -> list[Task]:
 
 
 def tunable(task: Task) -> bool:
-    """Tasks worth tuning: the ones that compute, not pure layout moves."""
+    """Tasks that get the main budget: the ones that compute. The others are layout moves (reshape,
+    transpose, small elementwise epilogues); they get ``LAYOUT_TRIALS_PER_TASK`` each
+    (``cwm.tuning.tune_layout_tasks``), because untuned they run as serial scalar loops."""
     return task.kind != "elementwise" or task.flops > 1e6
+
+
+# Enough for a layout move's small design space to be parallel and vectorized.
+LAYOUT_TRIALS_PER_TASK = 8
