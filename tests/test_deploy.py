@@ -311,6 +311,16 @@ def test_e2e_benchmark_tiny_mode(mlp_build, tmp_path, target):
     # Resumable: a second run with the same settings skips the finished network.
     again = run_e2e_benchmark([("mlp", model, inputs)], out, **kwargs)
     assert again["networks"]["mlp"]["seconds"] == e["seconds"]
+    # New weights (the same tasks): the libraries, weights bound in, are rebuilt, not reused.
+    import copy
+
+    changed = copy.deepcopy(model)
+    with torch.no_grad():
+        changed[0].weight.mul_(-1.0)
+    (out / "e2e.json").unlink()
+    redo = run_e2e_benchmark([("mlp", changed, inputs)], out, **kwargs)["networks"]["mlp"]
+    # (Not re-checked here: this process still has the old libraries loaded; dlopen reuses them by path.)
+    assert not any(b["cached"] for b in redo["builds"].values())
 
 
 def test_e2e_tuning_time_survives_a_crash(tmp_path, monkeypatch):

@@ -145,6 +145,7 @@ def tune(
     settings: EvaluatorSettings | None = None,
     progress: bool = True,
     report: bool = True,
+    strategy: str = "evolutionary",
 ) -> TuneResult:
     """Tune ``tasks`` (a Task, a workload name, or a list of them) for ``trials`` measurements in total.
 
@@ -193,7 +194,7 @@ def tune(
             # A resumed search re-proposes what was measured before; those are dropped, and a search
             # that ends early that way is followed by one with a new seed for the rest of the budget.
             for round_ in range(MAX_SEARCH_ROUNDS):
-                contexts = [tune_context(t, target, "evolutionary", seed + i + 7919 * round_,
+                contexts = [tune_context(t, target, strategy, seed + i + 7919 * round_,
                                          measured=measured.setdefault(t.id, set()))
                             for i, t in enumerate(tasks)]
                 ms.tune_tasks(
@@ -235,8 +236,10 @@ def tune_layout_tasks(tasks, *, work_dir, cost_model: str = "cwm", model_path=No
     layout = [t for t in tasks if not tunable(t)]
     if not layout:
         return None
+    # Random samples of their small design spaces: evolutionary search spends seconds a trial
+    # failing to fill its population with distinct schedules of such a space.
     return tune(layout, trials=LAYOUT_TRIALS_PER_TASK * len(layout), work_dir=work_dir, cost_model=cost_model,
-                model_path=model_path, target=target, rpc=rpc, seed=seed,
+                model_path=model_path, target=target, rpc=rpc, seed=seed, strategy="replay-trace",
                 num_trials_per_iter=LAYOUT_TRIALS_PER_TASK, progress=progress, report=False)
 
 

@@ -80,11 +80,22 @@ def _db_fingerprint(db_dir: Path | None) -> list | None:
     return out
 
 
-def _build_cached(mod_fn, db_dir, target, lib_path: Path) -> dict:
-    """build_network, unless ``lib_path`` exists and was built from the same database state."""
+def _weights_fingerprint(model) -> str:
+    """A hash of the model's parameters and buffers: they are bound into the library as constants."""
+    import hashlib
+
+    h = hashlib.sha1()
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _build_cached(mod_fn, db_dir, target, lib_path: Path, weights: str) -> dict:
+    """build_network, unless ``lib_path`` exists and was built from the same weights and database state."""
     from ..deploy import build_network, sidecar_path
 
-    fp = _db_fingerprint(db_dir)
+    fp = [weights, _db_fingerprint(db_dir)]
     side = sidecar_path(lib_path)
     if lib_path.exists() and side.exists():
         try:
@@ -314,8 +325,9 @@ def _benchmark_network(name, model, inputs, *, target, config, out_dir, work_roo
         for seed in seeds:
             wd = work_root / name / cm / f"seed{seed}"
             libs[_seed_name(cm, seed)] = (lib_dir / f"{cm}_s{seed}.so", wd if tasks else None)
+    weights = _weights_fingerprint(model)  # a network rebuilt with new random weights needs new libraries
     for key, (path, db) in libs.items():
-        meta = _build_cached(mod_fn, db, target, path)
+        meta = _build_cached(mod_fn, db, target, path, weights)
         entry["builds"][key] = {k: meta.get(k) for k in ("lib_path", "total_tasks", "tuned_tasks", "missing",
                                                           "seconds", "cached")}
 

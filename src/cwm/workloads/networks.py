@@ -22,6 +22,7 @@ def _vision(name):
         import torch
 
         tv = import_torchvision()
+        torch.manual_seed(0)  # the same random weights and inputs in every process
         model = getattr(tv.models, name)(weights=None).eval()
         return model, (torch.randn(1, 3, 224, 224),)
 
