@@ -139,8 +139,8 @@ def tune(
         from .tuning import tune_layout_tasks
         from .workloads import network_tasks
 
-        layout = tune_layout_tasks(network_tasks(network, tgt), work_dir=work_dir, cost_model=cost_model,
-                                   model_path=model, target=tgt, rpc=address, seed=seed)
+        layout = tune_layout_tasks(network_tasks(network, tgt), work_dir=work_dir, target=tgt, rpc=address,
+                                   seed=seed)
         if layout is not None:
             typer.echo(f"{len(layout.tasks)} layout tasks: {len(layout.best)} tuned, "
                        f"{len(layout.tasks) - len(layout.best)} without a valid candidate")

@@ -223,8 +223,8 @@ def tune(
     return result
 
 
-def tune_layout_tasks(tasks, *, work_dir, cost_model: str = "cwm", model_path=None, target=None, rpc=None,
-                      seed: int = 0, progress: bool = True) -> TuneResult | None:
+def tune_layout_tasks(tasks, *, work_dir, target=None, rpc=None, seed: int = 0,
+                      progress: bool = True) -> TuneResult | None:
     """Tune the layout tasks among ``tasks`` (see ``cwm.workloads.tunable``) with
     ``LAYOUT_TRIALS_PER_TASK`` trials each, into the same (resumable) work directory.
 
@@ -237,9 +237,10 @@ def tune_layout_tasks(tasks, *, work_dir, cost_model: str = "cwm", model_path=No
     if not layout:
         return None
     # Random samples of their small design spaces: evolutionary search spends seconds a trial
-    # failing to fill its population with distinct schedules of such a space.
-    return tune(layout, trials=LAYOUT_TRIALS_PER_TASK * len(layout), work_dir=work_dir, cost_model=cost_model,
-                model_path=model_path, target=target, rpc=rpc, seed=seed, strategy="replay-trace",
+    # failing to fill its population with distinct schedules of such a space. Replaying traces
+    # never consults a cost model, so none is loaded or updated (the same records for every one).
+    return tune(layout, trials=LAYOUT_TRIALS_PER_TASK * len(layout), work_dir=work_dir, cost_model="random",
+                target=target, rpc=rpc, seed=seed, strategy="replay-trace",
                 num_trials_per_iter=LAYOUT_TRIALS_PER_TASK, progress=progress, report=False)
 
 

@@ -131,8 +131,7 @@ def _tune_timed(tasks, budget, work_dir: Path, cost_model, model_path, target, s
         result = tune([t for t in tasks if tunable(t)], trials=budget, work_dir=work_dir, cost_model=cost_model,
                       model_path=model_path, target=target, seed=seed, num_trials_per_iter=per_iter,
                       progress=progress)
-        tune_layout_tasks(tasks, work_dir=work_dir, cost_model=cost_model, model_path=model_path, target=target,
-                          seed=seed, progress=progress)
+        tune_layout_tasks(tasks, work_dir=work_dir, target=target, seed=seed, progress=progress)
     finally:  # a crashed invocation's time counts too: its records stay in the database
         elapsed = time.time() - start
         total = {"seconds": float(prev.get("seconds", 0.0)) + elapsed,
