@@ -56,3 +56,29 @@ def test_intermediate_states(tiny_db, tmp_path):
     again = load_dataset(tiny_db, cache_dir=tmp_path / "cache")
     assert again.state(again.trajectories[0], steps[0]) == states[0]
     assert replay_states(ds.modules[traj.task_id], traj.actions, [steps[0]])[steps[0]] == states[0]
+
+
+def test_fast_trace_decoding_equals_the_ffi_container_walk(tiny_db):
+    import tvm.s_tir.meta_schedule as ms
+
+    from cwm.actions import to_plain
+
+    db = ms.database.JSONDatabase(work_dir=str(tiny_db), allow_missing=False)
+    for rec in db.get_all_tuning_records():
+        for remove_postproc in (False, True):
+            assert trace_to_json(rec.trace, remove_postproc) == to_plain(rec.trace.as_json(remove_postproc))
+
+
+def test_graph_decoding_rejects_only_reachable_opaque_nodes():
+    import pytest
+
+    from cwm.actions import _from_json_graph, _NotPlain
+
+    nodes = [{"type": "ffi.String", "data": "x"}, {"type": "ir.PrimType", "data": {}},
+             {"type": "int", "data": 3}, {"type": "ir.IntImm", "data": {"dtype": 1, "value": 2}},
+             {"type": "bool", "data": True}, {"type": "ffi.Array", "data": [0, 3, 4, 0]}]
+    assert _from_json_graph(json.dumps({"root_index": 5, "nodes": nodes})) == ["x", 3, 1, "x"]
+    nodes.append({"type": "ffi.Array", "data": [0, 1]})
+    nodes.append({"type": "ffi.Array", "data": [6]})
+    with pytest.raises(_NotPlain):
+        _from_json_graph(json.dumps({"root_index": 7, "nodes": nodes}))

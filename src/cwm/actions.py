@@ -47,29 +47,41 @@ class _NotPlain(Exception):
 
 
 def _from_json_graph(text: str) -> Any:
-    """Decode TVM FFI's JSON object graph of a trace into plain values (0/1 for booleans)."""
-    graph = json.loads(text)
-    nodes = graph["nodes"]
+    """Decode TVM FFI's JSON object graph of a trace into plain values (0/1 for booleans).
 
-    def build(i):
-        node = nodes[i]
+    Nodes are stored children first, so one pass in order decodes each shared node once.
+    A node kind that has no plain value (e.g. an IndexMap) raises only if the root reaches it;
+    IntImm's dtype node, for instance, is never reached.
+    """
+    graph = json.loads(text)
+    values: list[Any] = []
+    put = values.append
+    opaque = set()
+    for i, node in enumerate(graph["nodes"]):
         kind = node["type"]
         if kind == "ffi.Array":
-            return [build(j) for j in node["data"]]
-        if kind in ("ffi.String", "int", "float"):
-            return node["data"]
-        if kind == "bool":
-            return int(node["data"])
-        if kind == "None":
-            return None
-        if kind in ("ir.IntImm", "ir.FloatImm"):
+            children = node["data"]
+            put([values[j] for j in children])
+            if opaque and not opaque.isdisjoint(children):
+                opaque.add(i)
+        elif kind in ("ffi.String", "int", "float"):
+            put(node["data"])
+        elif kind == "bool":
+            put(int(node["data"]))
+        elif kind == "None":
+            put(None)
+        elif kind in ("ir.IntImm", "ir.FloatImm"):
             # Integer fields are references to "int" nodes; floats are inline.
             value = node["data"]["value"]
-            value = build(value) if isinstance(value, int) else value
-            return int(value) if kind == "ir.IntImm" else float(value)
-        raise _NotPlain(kind)
-
-    return build(graph["root_index"])
+            value = values[value] if isinstance(value, int) else value
+            put(int(value) if kind == "ir.IntImm" else float(value))
+        else:
+            put(None)
+            opaque.add(i)
+    root = graph["root_index"]
+    if root in opaque:
+        raise _NotPlain(graph["nodes"][root]["type"])
+    return values[root]
 
 
 def trace_graph_string(trace, remove_postproc: bool = False) -> str:
