@@ -142,6 +142,16 @@ def any_rank(flag: bool) -> bool:
     return all_reduce_sum([1.0 if flag else 0.0])[0] > 0
 
 
+def time_up(start: float, max_seconds: float | None) -> bool:
+    """Whether ``max_seconds`` have passed since ``start`` (``time.monotonic()``), agreed by all
+    ranks so that they stop at the same step."""
+    import time
+
+    if max_seconds is None:
+        return False
+    return any_rank(time.monotonic() - start > max_seconds)
+
+
 def shard(items: Sequence[T], rank_: int | None = None, world: int | None = None) -> list[tuple[T, float]]:
     """This rank's share of one epoch's ``items`` (mini-batches) as ``(item, loss weight)`` steps.
 

@@ -775,10 +775,7 @@ class StateEncoder:
                         if weight:
                             total += loss.item() * len(batch)
                             seen += len(batch)
-                        timed_out = max_seconds is not None and time.monotonic() - start_time > max_seconds
-                        if parallel and max_seconds is not None:
-                            timed_out = distributed.any_rank(timed_out)  # all ranks stop at the same step
-                        if timed_out:
+                        if distributed.time_up(start_time, max_seconds):
                             stopped = True
                             break
                     if parallel:

@@ -509,7 +509,7 @@ class Transition:
             )
         if N == 0:
             raise CwmError("fit needs at least one trajectory")
-        start = time.time()
+        start = time.monotonic()
         encoded = [encode_actions(a) for a in actions_list]
         tgt_steps: list[np.ndarray] = []
         tgt_vals: list[np.ndarray] = []
@@ -584,10 +584,7 @@ class Transition:
                     sums["match"] += float(parts["match"])
                     sums["rank"] += float(parts["rank"])
                     n_batches += 1
-                timed_out = max_seconds is not None and time.time() - start > max_seconds
-                if parallel and max_seconds is not None:
-                    timed_out = distributed.any_rank(timed_out)  # all ranks stop at the same step
-                if timed_out:
+                if distributed.time_up(start, max_seconds):
                     stop = True
                     break
             if parallel:
@@ -595,7 +592,7 @@ class Transition:
                 sums, n_batches = dict(zip(sums, totals)), int(n_batches)
             if n_batches:
                 rec = {k: v / n_batches for k, v in sums.items()}
-                rec.update(epoch=epoch, batches=n_batches, seconds=round(time.time() - start, 3))
+                rec.update(epoch=epoch, batches=n_batches, seconds=round(time.monotonic() - start, 3))
                 if stop:
                     rec["partial"] = True
                 self.history_.append(rec)
@@ -607,7 +604,7 @@ class Transition:
                 if progress and distributed.is_main():
                     print(msg, file=sys.stderr, flush=True)
             if stop:
-                log.info("transition training stopped after %.1fs", time.time() - start)
+                log.info("transition training stopped after %.1fs", time.monotonic() - start)
                 break
         del rollout  # drops a DDP wrapper and its gradient hooks
         model.eval()
