@@ -1,4 +1,5 @@
-import json, copy, glob
+"""Usage: mkdir runs_b64 && tar xzf runs_b64.tar.gz -C runs_b64 && python online_adaptation_sim.py runs_b64"""
+import json, copy, glob, sys
 from pathlib import Path
 import numpy as np
 from cwm.dataset import load_dataset
@@ -6,7 +7,7 @@ from cwm.world_model import WorldModel
 from cwm.metrics import pairwise_accuracy
 model = WorldModel.load()
 rows = {}
-for run_json in sorted(glob.glob('/tmp/b64/runs/bench_search/*/b64/cwm/seed*/run.json')):
+for run_json in sorted(glob.glob(sys.argv[1] + '/**/b64/cwm/seed*/run.json', recursive=True)):
     ds = load_dataset(Path(run_json).parent).valid()
     for tid, trajs in ds.by_task.items():
         trajs = sorted(trajs, key=lambda t: t.record_index)
