@@ -43,3 +43,20 @@ def test_bad_budget():
 
     with pytest.raises(CwmError):
         run_search_benchmark(["matmul"], budget=0)
+
+
+def test_markdown_reports_sample_efficiency():
+    from cwm.benchmarks.search import _markdown
+
+    entry = {"cwm": {"geomean_seconds": 1e-3, "speedup_vs_xgb": 1.2, "cost_model_seconds_per_trial": 0.01},
+             "xgb": {"geomean_seconds": 1.2e-3, "speedup_vs_xgb": 1.0, "cost_model_seconds_per_trial": 0.01}}
+    per = {"a": {**entry, "sample_efficiency": {"xgb_large": 1e-3, "cwm_tenth": 0.9e-3, "ratio": 0.9}},
+           "b": {**entry, "sample_efficiency": {"xgb_large": 1e-3, "cwm_tenth": 1.6e-3, "ratio": 1.6}}}
+    text = _markdown({"budget": 32, "large_budget": 320, "latency_source": "remeasured_seconds",
+                      "per_subgraph": per, "overall": {}})
+    assert "cwm at 32 trials against xgb at 320" in text
+    assert "| a | 1.0000 | 0.9000 | 0.900 |" in text
+    assert "geometric mean of cwm / xgb latency: 1.200" in text  # sqrt(0.9 * 1.6)
+    plain = _markdown({"budget": 32, "large_budget": None, "latency_source": "db_best_seconds",
+                       "per_subgraph": {"a": entry}, "overall": {}})
+    assert "Sample efficiency" not in plain

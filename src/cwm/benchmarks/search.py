@@ -254,6 +254,15 @@ def _markdown(summary: dict) -> str:
         lines.append(f"- {c}: geometric-mean speed-up vs xgb {o['geomean_speedup_vs_xgb']:.3f}x "
                      f"(min {o['min']:.2f}, max {o['max']:.2f}, log-std {o['spread_log_std']:.2f}); "
                      f"cost model {o['cost_model_seconds_per_trial'] * 1e3:.1f} ms/trial")
+    efficiency = {n: e["sample_efficiency"] for n, e in per.items() if (e.get("sample_efficiency") or {}).get("ratio")}
+    if efficiency:
+        big = summary["large_budget"]
+        lines += ["", f"## Sample efficiency: cwm at {big // 10} trials against xgb at {big}", "",
+                  f"| subgraph | xgb, {big} trials, ms | cwm, {big // 10} trials, ms | cwm / xgb latency |", "|---|---|---|---|"]
+        for name, e in efficiency.items():
+            lines.append(f"| {name} | {e['xgb_large'] * 1e3:.4f} | {e['cwm_tenth'] * 1e3:.4f} | {e['ratio']:.3f} |")
+        ratio = geomean([e["ratio"] for e in efficiency.values()])
+        lines += ["", f"- geometric mean of cwm / xgb latency: {ratio:.3f} (goal: at most 1.022)"]
     return "\n".join(lines) + "\n"
 
 
