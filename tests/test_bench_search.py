@@ -60,3 +60,11 @@ def test_markdown_reports_sample_efficiency():
     plain = _markdown({"budget": 32, "large_budget": None, "latency_source": "db_best_seconds",
                        "per_subgraph": {"a": entry}, "overall": {}})
     assert "Sample efficiency" not in plain
+
+
+def test_run_plan_runs_a_shared_budget_once():
+    from cwm.benchmarks.search import run_plan
+
+    assert run_plan(32, ["cwm", "xgb"], 320) == [(32, "cwm"), (32, "xgb"), (320, "xgb")]
+    assert run_plan(64, ["cwm", "xgb"], 1000) == [(64, "cwm"), (64, "xgb"), (1000, "xgb"), (100, "cwm")]
+    assert run_plan(64, ["random"]) == [(64, "random")]

@@ -157,9 +157,7 @@ def run_search_benchmark(
             raise CwmError("xgb-pretrained needs the training database and split")
         xgb_path = pretrain_xgb_file(train_db, split, root / "xgb_pretrained.tar", target)
     runs = []
-    plan = [(budget, c) for c in contenders]
-    if large_budget:
-        plan += [(large_budget, "xgb"), (large_budget // 10, "cwm")]
+    plan = run_plan(budget, contenders, large_budget)
     for task in tasks:
         for seed in seeds:
             for b, contender in plan:  # interleaved: every contender once per (subgraph, seed)
@@ -173,6 +171,15 @@ def run_search_benchmark(
     summary = _summarize(tasks, runs, contenders, budget, large_budget, remeasure_runs)
     _write(out_dir, summary)
     return summary
+
+
+def run_plan(budget: int, contenders, large_budget: int | None = None) -> list[tuple[int, str]]:
+    """(budget, contender) of each run per subgraph and seed; a run two purposes share is done once
+    (e.g. cwm at the fixed budget and at a tenth of the large one)."""
+    plan = [(budget, c) for c in contenders]
+    if large_budget:
+        plan += [(large_budget, "xgb"), (max(1, large_budget // 10), "cwm")]
+    return list(dict.fromkeys(plan))
 
 
 def _trials_to_reach(curve, goal) -> int | None:
