@@ -173,12 +173,17 @@ def run_search_benchmark(
     return summary
 
 
+def tenth_budget(large_budget: int) -> int:
+    """cwm's budget in the sample-efficiency comparison: a tenth of xgb's, at least one trial."""
+    return max(1, large_budget // 10)
+
+
 def run_plan(budget: int, contenders, large_budget: int | None = None) -> list[tuple[int, str]]:
     """(budget, contender) of each run per subgraph and seed; a run two purposes share is done once
     (e.g. cwm at the fixed budget and at a tenth of the large one)."""
     plan = [(budget, c) for c in contenders]
     if large_budget:
-        plan += [(large_budget, "xgb"), (max(1, large_budget // 10), "cwm")]
+        plan += [(large_budget, "xgb"), (tenth_budget(large_budget), "cwm")]
     return list(dict.fromkeys(plan))
 
 
@@ -217,7 +222,7 @@ def _summarize(tasks, runs, contenders, budget, large_budget, remeasure_runs) ->
                 e["trials_to_reach_xgb"] = [_trials_to_reach(curve, goal) for curve in e["curves"]]
         if large_budget:
             big = [r.get(key) for r in rows if r["contender"] == "xgb" and r["budget"] == large_budget]
-            small = [r.get(key) for r in rows if r["contender"] == "cwm" and r["budget"] == large_budget // 10]
+            small = [r.get(key) for r in rows if r["contender"] == "cwm" and r["budget"] == tenth_budget(large_budget)]
             entry["sample_efficiency"] = {"xgb_large": geomean(big), "cwm_tenth": geomean(small),
                                           "ratio": geomean(small) / geomean(big) if big and small else None}
         per_task[task.name] = entry
@@ -263,9 +268,9 @@ def _markdown(summary: dict) -> str:
                      f"cost model {o['cost_model_seconds_per_trial'] * 1e3:.1f} ms/trial")
     efficiency = {n: e["sample_efficiency"] for n, e in per.items() if (e.get("sample_efficiency") or {}).get("ratio")}
     if efficiency:
-        big = summary["large_budget"]
-        lines += ["", f"## Sample efficiency: cwm at {big // 10} trials against xgb at {big}", "",
-                  f"| subgraph | xgb, {big} trials, ms | cwm, {big // 10} trials, ms | cwm / xgb latency |", "|---|---|---|---|"]
+        big, small = summary["large_budget"], tenth_budget(summary["large_budget"])
+        lines += ["", f"## Sample efficiency: cwm at {small} trials against xgb at {big}", "",
+                  f"| subgraph | xgb, {big} trials, ms | cwm, {small} trials, ms | cwm / xgb latency |", "|---|---|---|---|"]
         for name, e in efficiency.items():
             lines.append(f"| {name} | {e['xgb_large'] * 1e3:.4f} | {e['cwm_tenth'] * 1e3:.4f} | {e['ratio']:.3f} |")
         ratio = geomean([e["ratio"] for e in efficiency.values()])
