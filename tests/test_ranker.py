@@ -236,3 +236,13 @@ def test_load_missing_file_and_feature_mismatch(tmp_path):
         r.predict(X[:, :5])
     with pytest.raises(CwmError, match="not fitted"):
         LambdaRanker().predict(X)
+
+
+def test_geomean_skips_unusable_values():
+    import math
+
+    from cwm.metrics import geomean
+
+    assert geomean([2.0, 8.0]) == pytest.approx(4.0)
+    assert geomean([2.0, None, float("nan"), 0.0, -1.0, float("inf"), 8.0]) == pytest.approx(4.0)
+    assert math.isnan(geomean([None, 0.0]))

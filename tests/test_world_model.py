@@ -29,8 +29,21 @@ def test_train_and_eval_cli_end_to_end(multi_db, multi_split, tmp_path):
     assert set(ev["metrics"]) == {"cwm", "xgb-static", "final-state", "initial-state", "random"}
     for m in ev["metrics"].values():
         assert 0.0 <= m["pairwise_accuracy"] <= 1.0 and 0.0 < m["top1"] <= 1.0
-    assert ev["throughput"]["cwm_candidates_per_second"] > 0
+    t = ev["throughput"]
+    assert t["cwm_candidates_per_second"] > 0 and t["per_task"]
+    for task in t["per_task"].values():
+        us = task["us_per_candidate"]
+        assert us["materialize"] > 0 and task["speedup_from_trace"] > task["speedup"] > 0
+        assert us["cwm_total"] >= us["rank"] > 0
+    assert abs(sum(t["cwm_stage_share"].values()) - 1.0) < 1e-6
     assert (out / "eval.png").stat().st_size > 1000
+    curve = ev["learning_curve"]
+    assert set(curve["by_model"]) == {"cwm", "initial-state"}
+    for per_size in curve["by_model"].values():
+        assert sorted(int(n) for n in per_size) == curve["sizes"] and curve["sizes"][-1] == curve["train_tasks"]
+        for v in per_size.values():
+            assert 0.0 < v["top1"]["mean"] <= 1.0 and v["top1"]["runs"] >= 1
+    assert (out / "learning_curve.png").stat().st_size > 1000
 
 
 def test_save_load_gives_identical_predictions(tiny_model, multi_db, tmp_path):

@@ -206,14 +206,20 @@ def evaluate(
     _quiet_tvm_logs()
     settings = TrainSettings.tiny() if tiny else TrainSettings()
     report = run_eval(model or default_model_dir(), resolve_db(db), load_split(split), out, settings=settings,
-                      final_per_task=8 if tiny else 64, throughput_batch=64 if tiny else 512, cache_dir=cache_dir)
+                      final_per_task=8 if tiny else 64, throughput_batch=64 if tiny else 512, cache_dir=cache_dir,
+                      curve_repeats=1 if tiny else 5)
     for name, m in report["metrics"].items():
         typer.echo(f"{name:<14} pairwise {m['pairwise_accuracy']:.3f}  ndcg@10 {m['ndcg@10']:.3f}  "
                    f"top1 {m['top1']:.3f}  top5 {m['top5']:.3f}")
     t = report["throughput"]
-    typer.echo(f"throughput: cwm {t['cwm_candidates_per_second']:.0f}/s, xgb-static "
-               f"{t['xgb-static_candidates_per_second']:.0f}/s ({t['speedup']:.1f}x); "
-               f"2048 candidates in {t['predict_2048_seconds']:.3f} s")
+    typer.echo(f"throughput (geomean over test tasks): cwm {t['cwm_candidates_per_second']:.0f}/s, xgb-static "
+               f"{t['xgb-static_candidates_per_second']:.0f}/s ({t['speedup']:.1f}x in the search loop, "
+               f"{t['speedup_from_trace']:.1f}x from a trace); 2048 candidates from actions in "
+               f"{t['predict_2048_seconds']:.3f} s")
+    curve = report["learning_curve"]
+    for name, per_size in curve["by_model"].items():
+        points = ", ".join(f"{n} tasks {v['top1']['mean']:.3f}" for n, v in per_size.items())
+        typer.echo(f"learning curve, {name} top1 on {curve['heldout_tasks']} held-out tasks: {points}")
     typer.echo(f"report: {out / 'eval.json'}")
 
 

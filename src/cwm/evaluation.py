@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import CwmError
+from .metrics import geomean
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,8 @@ def _restrict(ds, record_indices: set):
 
 
 def evaluate(model_dir, db_dir, split: dict, out_dir, *, settings=None, final_per_task: int = 64,
-             throughput_batch: int = 512, seed: int = 0, progress: bool = True, cache_dir=None) -> dict:
+             throughput_batch: int = 512, seed: int = 0, progress: bool = True, cache_dir=None,
+             curve_repeats: int = 5) -> dict:
     from .cost_model import WorldModelCostModel, measure_candidates, pretrain_xgb
     from .dataset import load_dataset
     from .hardware import make_target
@@ -122,6 +124,8 @@ def evaluate(model_dir, db_dir, split: dict, out_dir, *, settings=None, final_pe
 
     throughput = evaluator_throughput(model, xgb, test_ds, target, throughput_batch)
     probe = noise_probe(model, ds)
+    curve = learning_curve(model, initial, train_ds, ds.subset(sorted(set(split["val"]) | set(split["test"]))),
+                           settings, repeats=curve_repeats, seed=seed, progress=progress)
     report = {
         "test_tasks": [ds.tasks[t].name for t in sorted(test_ds.by_task)],
         "test_records": int(len(lat)),
@@ -129,38 +133,148 @@ def evaluate(model_dir, db_dir, split: dict, out_dir, *, settings=None, final_pe
         "top1_per_task": per_task,
         "throughput": throughput,
         "noise_probe": probe,
+        "learning_curve": curve,
         "seconds": timings,
     }
     (out_dir / "eval.json").write_text(json.dumps(report, indent=1, default=float) + "\n")
     plot_eval(report, out_dir / "eval.png")
+    plot_learning_curve(curve, out_dir / "learning_curve.png")
     return report
 
 
-def evaluator_throughput(model, xgb, ds, target, batch: int) -> dict:
-    """Candidates scored per second, from MetaSchedule candidates (traces) to scores."""
+def learning_curve(model, initial_model, train_ds, heldout_ds, settings, *, repeats: int = 5,
+                   fractions=(0.25, 0.5, 0.75, 1.0), seed: int = 0, progress: bool = True) -> dict:
+    """Held-out ranking quality against the number of training tasks the ranker sees.
+
+    E and F stay fixed; the ranker (cwm, and the initial-state ablation) is refit on random
+    subsets of the training tasks, ``repeats`` times per size, and scored on ``heldout_ds``
+    (the validation and test tasks, for a steadier estimate than the test tasks alone). A
+    curve still rising at the full training set says more tasks would help.
+    """
+    from tqdm import tqdm
+
+    from .metrics import evaluate_ranking
+    from .ranker import LambdaRanker, RankerConfig
+    from .training import ranker_arrays
+
+    rng = np.random.default_rng(seed)
+    tids = sorted(train_ds.by_task)
+    weights = {tid: heldout_ds.tasks[tid].weight for tid in heldout_ds.by_task}
+    arrays = {}
+    for name, m in (("cwm", model), ("initial-state", initial_model)):
+        X, lat, groups = ranker_arrays(m, train_ds)
+        arrays[name] = (X, lat, groups, ranker_arrays(m, heldout_ds), m.feature_names)
+    sizes = sorted({max(2, int(round(f * len(tids)))) for f in fractions})
+    out = {"heldout_tasks": len(heldout_ds.by_task), "train_tasks": len(tids), "repeats": repeats,
+           "sizes": sizes, "by_model": {name: {} for name in arrays}}
+    jobs = [(n, r) for n in sizes for r in range(1 if n == len(tids) else repeats)]
+    for n, r in tqdm(jobs, desc="learning curve", disable=not progress):
+        chosen = set(rng.choice(tids, n, replace=False).tolist())
+        for name, (X, lat, groups, (Xh, lath, gh), names) in arrays.items():
+            m = np.isin(groups, list(chosen))
+            ranker = LambdaRanker(RankerConfig(objective="rank:pairwise", n_estimators=settings.ranker_estimators,
+                                               max_depth=6, learning_rate=0.1, lambdarank_num_pair_per_sample=32,
+                                               seed=settings.seed + r))
+            ranker.fit(X[m], lat[m], groups[m], feature_names=names)
+            res = evaluate_ranking(ranker.predict(Xh), lath, gh, weights)
+            out["by_model"][name].setdefault(str(n), []).append(res)
+    for name, per_size in out["by_model"].items():
+        for n, runs in per_size.items():
+            per_size[n] = {k: {"mean": float(np.mean([r[k] for r in runs])), "std": float(np.std([r[k] for r in runs])),
+                               "runs": len(runs)} for k in runs[0]}
+    return out
+
+
+def plot_learning_curve(curve: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    for ax, metric in zip(axes, ("top1", "pairwise_accuracy")):
+        for name, per_size in curve["by_model"].items():
+            sizes = sorted(int(n) for n in per_size)
+            mean = np.array([per_size[str(n)][metric]["mean"] for n in sizes])
+            std = np.array([per_size[str(n)][metric]["std"] for n in sizes])
+            ax.errorbar(sizes, mean, yerr=std, marker="o", capsize=3, label=name)
+        ax.set_xlabel("training tasks seen by the ranker")
+        ax.set_ylabel(metric)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"learning curve on {curve['heldout_tasks']} held-out tasks (validation + test)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def evaluator_throughput(model, xgb, ds, target, batch: int, reps: int = 3) -> dict:
+    """Candidates scored per second on each test task, with a per-stage breakdown.
+
+    Two views of the same candidates:
+    - in MetaSchedule's loop: the search has already replayed each trace into a schedule, so
+      ``cwm`` (trace -> actions -> rollout -> rank) is timed against PerStoreFeature + XGB on the
+      materialized schedule (``speedup``);
+    - from a trace: a static model must first materialize the code (replay the trace), which the
+      world model skips (``speedup_from_trace``), as the paper's premise has it.
+    Stages are microseconds per candidate, the fastest of ``reps`` cold runs (no cached rows).
+    """
     import tvm.s_tir.meta_schedule as ms
 
+    from .actions import actions_from_trace_json, trace_graph_string, trace_json_from_graph_string
     from .cost_model import WorldModelCostModel, measure_candidates
 
-    tid, trajs = max(ds.by_task.items(), key=lambda kv: len(kv[1]))
-    # Distinct candidates only: the cwm cost model scores a repeated trace once.
-    batch = min(batch, len(trajs))
-    actions = [t.actions for t in trajs[:batch]]
-    cands = measure_candidates(ds.modules[tid], actions)
-    ctx = ms.TuneContext(mod=ds.modules[tid], target=target, task_name=tid)
-    cwm_model = WorldModelCostModel(model, online=False)
-    cwm_model.predict(ctx, cands[:8])  # E(s0) is computed once per task; count only per-candidate work
-    out = {"batch": batch, "task": ds.tasks[tid].name}
-    for name, fn in (("cwm", lambda: cwm_model.predict(ctx, cands)), ("xgb-static", lambda: xgb.predict(ctx, cands))):
+    def best_us(fn, n):
         runs = []
-        for _ in range(3):
+        for _ in range(reps):
             cwm_model._rows.clear()  # time the cold path: no candidate's features are cached
             t = time.perf_counter()
-            fn()
+            result = fn()
             runs.append(time.perf_counter() - t)
-        out[f"{name}_candidates_per_second"] = batch / float(np.median(runs))
-    out["speedup"] = out["cwm_candidates_per_second"] / out["xgb-static_candidates_per_second"]
-    # The 2,048-candidate prediction time from actions (featurize + rollout + rank).
+        return result, min(runs) / n * 1e6
+
+    cwm_model = WorldModelCostModel(model, online=False)
+    per_task = {}
+    for tid, trajs in sorted(ds.by_task.items()):
+        # Distinct candidates only: the cwm cost model scores a repeated trace once.
+        trajs = trajs[:batch]
+        n = len(trajs)
+        if n < 2:
+            continue
+        actions = [t.actions for t in trajs]
+        ctx = ms.TuneContext(mod=ds.modules[tid], target=target, task_name=tid)
+        cands, materialize = best_us(lambda: measure_candidates(ds.modules[tid], actions), n)
+        cwm_model.predict(ctx, cands[:2])  # E(s0) is computed once per task; count only per-candidate work
+        xgb.predict(ctx, cands[:2])
+        traces = [c.sch.trace for c in cands]
+        graphs, serialize = best_us(lambda: [trace_graph_string(tr) for tr in traces], n)
+        decoded, decode = best_us(lambda: [actions_from_trace_json(trace_json_from_graph_string(g, tr))
+                                           for g, tr in zip(graphs, traces)], n)
+        X, features = best_us(lambda: model.features(ds.initial_states[tid], decoded, ds.hardware), n)
+        _, rank = best_us(lambda: model.ranker.predict(X), n)
+        _, cwm_total = best_us(lambda: cwm_model.predict(ctx, cands), n)
+        _, xgb_total = best_us(lambda: xgb.predict(ctx, cands), n)
+        per_task[ds.tasks[tid].name] = {
+            "candidates": n,
+            "us_per_candidate": {"materialize": materialize, "serialize_trace": serialize, "decode_actions": decode,
+                                 "features_and_rollout": features, "rank": rank, "cwm_total": cwm_total,
+                                 "xgb-static_total": xgb_total},
+            "cwm_candidates_per_second": 1e6 / cwm_total,
+            "xgb-static_candidates_per_second": 1e6 / xgb_total,
+            "speedup": xgb_total / cwm_total,
+            "speedup_from_trace": (materialize + xgb_total) / cwm_total,
+        }
+    if not per_task:
+        raise CwmError("no test task has at least 2 candidates to time")
+    out = {"batch": batch, "per_task": per_task}
+    for key in ("cwm_candidates_per_second", "xgb-static_candidates_per_second", "speedup", "speedup_from_trace"):
+        out[key] = geomean(v[key] for v in per_task.values())
+    # Where cwm's time goes, summed over tasks: what a faster evaluator would have to cut.
+    stages = ("serialize_trace", "decode_actions", "features_and_rollout", "rank")
+    totals = {k: sum(v["us_per_candidate"][k] for v in per_task.values()) for k in stages}
+    out["cwm_stage_share"] = {k: t / sum(totals.values()) for k, t in totals.items()}
+    # The 2,048-candidate prediction time from actions (featurize + rollout + rank), no trace.
+    tid, trajs = max(ds.by_task.items(), key=lambda kv: len(kv[1]))
     big = [trajs[i % len(trajs)].actions for i in range(2048)]
     t = time.perf_counter()
     model.predict(ds.initial_states[tid], big, ds.hardware)

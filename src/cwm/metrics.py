@@ -22,7 +22,14 @@ from typing import Any
 
 import numpy as np
 
+
+def geomean(values: Iterable[Any]) -> float:
+    """Geometric mean of the positive finite values (None, NaN, inf and <= 0 are skipped); NaN if none."""
+    vals = [float(v) for v in values if v is not None and np.isfinite(v) and v > 0]
+    return float(np.exp(np.mean(np.log(vals)))) if vals else float("nan")
+
 __all__ = [
+    "geomean",
     "as_latencies",
     "group_codes",
     "pairwise_accuracy",

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..database import RECORD_FILE, WORKLOAD_FILE, atomic_write_text
 from ..errors import CwmError
+from ..metrics import geomean as metrics_geomean
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +41,9 @@ TIMING_BUDGET_S = 60.0
 
 
 def geomean(values) -> float | None:
-    vals = [float(v) for v in values if v is not None and v > 0 and math.isfinite(v)]
-    if not vals:
-        return None
-    return float(math.exp(sum(math.log(v) for v in vals) / len(vals)))
+    """The geometric mean, or None (JSON null) when no value is usable."""
+    g = metrics_geomean(values)
+    return None if math.isnan(g) else g
 
 
 def tuned_name(cost_model: str) -> str:

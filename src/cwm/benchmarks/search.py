@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import numpy as np
 
 from ..database import atomic_write_text
 from ..errors import CwmError
+from ..metrics import geomean
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +40,6 @@ DEFAULT_SUBGRAPHS = (
     "softmax:M=1536,N=128",
     "layernorm:M=256,N=1024",
 )
-
-
-def geomean(values) -> float:
-    values = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
-    return float(math.exp(np.mean(np.log(values)))) if values else float("nan")
 
 
 def _run_dir(root: Path, task, budget: int, contender: str, seed: int) -> Path:
