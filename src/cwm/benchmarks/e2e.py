@@ -444,8 +444,8 @@ def markdown(summary: dict) -> str:
     lines += ["", f"Measured torch fp32 matmul peak ({cfg.get('peak_n', 1024)}^3, median of 30): "
               f"{summary['peak_matmul_gflops']:.1f} GFLOP/s (fastest call "
               f"{summary.get('peak_matmul_gflops_best', float('nan')):.1f} GFLOP/s). Kernel GFLOP/s come from "
-              "the tuning database (best measured latency); a fraction above 100% means the peak "
-              "measurement was slowed by other load.", "",
+              "the tuning database (best measured latency); a fraction above 100% means the tuned kernel "
+              "beats torch's matmul on this CPU (or the peak measurement was slowed by other load).", "",
               "## Tuning wall time (s) and tuned tasks", "",
               "| network | cost model | seed | trials | tuning s | tuned / total tasks in the build | check |",
               "|---|---|---|---|---|---|---|"]
