@@ -82,3 +82,36 @@ def test_graph_decoding_rejects_only_reachable_opaque_nodes():
     nodes.append({"type": "ffi.Array", "data": [6]})
     with pytest.raises(_NotPlain):
         _from_json_graph(json.dumps({"root_index": 7, "nodes": nodes}))
+
+
+def test_native_serializer_equals_the_object_graph(tiny_db):
+    import tvm.s_tir.meta_schedule as ms
+
+    from cwm.actions import _from_json_graph, native_trace_json, trace_graph_string, trace_json_text
+
+    assert native_trace_json() is not None, "the C++ serializer did not build (is a C++ compiler installed?)"
+    db = ms.database.JSONDatabase(work_dir=str(tiny_db), allow_missing=False)
+    for rec in db.get_all_tuning_records():
+        for remove_postproc in (False, True):
+            text = trace_json_text(rec.trace, remove_postproc)
+            assert text.startswith("[")
+            assert json.loads(text) == _from_json_graph(trace_graph_string(rec.trace, remove_postproc))
+
+
+def test_trace_json_falls_back_when_the_native_serializer_fails(tiny_db, monkeypatch):
+    import tvm.s_tir.meta_schedule as ms
+
+    import cwm.actions as actions
+
+    rec = ms.database.JSONDatabase(work_dir=str(tiny_db), allow_missing=False).get_all_tuning_records()[0]
+    expected = actions.trace_to_json(rec.trace)
+
+    def fails(trace, remove_postproc):
+        raise TypeError("no plain JSON value")
+
+    monkeypatch.setattr(actions, "_NATIVE", fails)
+    text = actions.trace_json_text(rec.trace)
+    assert text.startswith("{")  # the object graph
+    assert actions.trace_json_from_text(text, rec.trace) == expected
+    monkeypatch.setattr(actions, "_NATIVE", False)  # never built
+    assert actions.trace_to_json(rec.trace) == expected

@@ -85,7 +85,7 @@ def _from_json_graph(text: str) -> Any:
 
 
 def trace_graph_string(trace, remove_postproc: bool = False) -> str:
-    """The trace's JSON as TVM FFI's object-graph string (fast, done in C++)."""
+    """The trace's JSON as TVM FFI's object-graph string (done in C++, but ~1 ms per trace)."""
     from tvm.s_tir.schedule import _ffi_api as schedule_api
 
     global _TO_JSON_GRAPH
@@ -96,25 +96,65 @@ def trace_graph_string(trace, remove_postproc: bool = False) -> str:
     return _TO_JSON_GRAPH(schedule_api.TraceAsJSON(trace, remove_postproc), None)
 
 
-def trace_to_json(trace, remove_postproc: bool = False) -> list:
-    """MetaSchedule's trace JSON ``[instructions, decisions]`` as plain Python values.
+_TO_JSON_GRAPH = None
+_NATIVE: Any = None  # the compiled serializer, False once it could not be built
 
-    Serialized in C++ as an object graph and decoded here, which is several times faster than
-    walking the FFI containers from Python; anything the decoder does not know (e.g. an
-    IndexMap attribute) falls back to the container walk.
+
+def native_trace_json():
+    """The C++ trace serializer (``native/trace_json.cc``), compiled on first use; None without a compiler.
+
+    Built with ``tvm_ffi.cpp.load_inline`` and cached under ``~/.cache/tvm-ffi`` (a few seconds once).
     """
-    return trace_json_from_graph_string(trace_graph_string(trace, remove_postproc), trace, remove_postproc)
+    global _NATIVE
+    if _NATIVE is None:
+        import logging
+        from pathlib import Path
+
+        try:
+            import tvm_ffi.cpp
+
+            source = (Path(__file__).parent / "native" / "trace_json.cc").read_text()
+            module = tvm_ffi.cpp.load_inline("cwm_trace_json", cpp_sources=source, functions=["trace_plain_json"])
+            _NATIVE = module.trace_plain_json
+        except Exception as err:  # no compiler, or headers that do not match: the object graph still works
+            logging.getLogger("cwm").warning("native trace serializer unavailable (%s); using TVM's object graph",
+                                             str(err).splitlines()[0] if str(err) else type(err).__name__)
+            _NATIVE = False
+    return _NATIVE or None
 
 
-def trace_json_from_graph_string(text: str, trace, remove_postproc: bool = False) -> list:
-    """Plain trace JSON from :func:`trace_graph_string`'s output (``trace`` is the fallback)."""
+def trace_json_text(trace, remove_postproc: bool = False) -> str:
+    """The trace's JSON as a string: compact plain JSON from the native serializer, else the object graph.
+
+    Both are deterministic for a given trace, so either can key a cache; decode with
+    :func:`trace_json_from_text`.
+    """
+    native = native_trace_json()
+    if native is not None:
+        try:
+            return native(trace, remove_postproc)
+        except Exception:  # a value with no plain form (e.g. an IndexMap attribute)
+            pass
+    return trace_graph_string(trace, remove_postproc)
+
+
+def trace_json_from_text(text: str, trace, remove_postproc: bool = False) -> list:
+    """Plain trace JSON from :func:`trace_json_text`'s output (``trace`` is the fallback)."""
+    if text.startswith("["):
+        return json.loads(text)
     try:
         return _from_json_graph(text)
     except _NotPlain:
         return to_plain(trace.as_json(remove_postproc=remove_postproc))
 
 
-_TO_JSON_GRAPH = None
+def trace_to_json(trace, remove_postproc: bool = False) -> list:
+    """MetaSchedule's trace JSON ``[instructions, decisions]`` as plain Python values.
+
+    Serialized in C++ and decoded here, many times faster than walking the FFI containers from
+    Python; anything the serializers do not know falls back to the container walk.
+    """
+    return trace_json_from_text(trace_json_text(trace, remove_postproc), trace, remove_postproc)
 
 
 def actions_from_trace_json(trace_json: list) -> list[dict]:

@@ -91,17 +91,17 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
         """Feature rows of the candidates; rows of traces seen before come from the cache."""
         import hashlib
 
-        from .actions import actions_from_trace_json, trace_graph_string, trace_json_from_graph_string
+        from .actions import actions_from_trace_json, trace_json_from_text, trace_json_text
 
         tid, text = self._task(context)
-        graphs = [trace_graph_string(c.sch.trace) for c in candidates]
-        keys = [(tid, hashlib.blake2b(g.encode(), digest_size=16).digest()) for g in graphs]
+        traces = [trace_json_text(c.sch.trace) for c in candidates]
+        keys = [(tid, hashlib.blake2b(t.encode(), digest_size=16).digest()) for t in traces]
         missing = {}
         for i, k in enumerate(keys):
             if k not in self._rows and k not in missing:
                 missing[k] = i
         if missing:
-            actions = [actions_from_trace_json(trace_json_from_graph_string(graphs[i], candidates[i].sch.trace))
+            actions = [actions_from_trace_json(trace_json_from_text(traces[i], candidates[i].sch.trace))
                        for i in missing.values()]
             new = self.model.features(text, actions, self._hardware(context))
             if len(self._rows) + len(missing) > self.max_cached_rows:

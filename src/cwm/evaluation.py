@@ -221,7 +221,7 @@ def evaluator_throughput(model, xgb, ds, target, batch: int, reps: int = 3) -> d
     """
     import tvm.s_tir.meta_schedule as ms
 
-    from .actions import actions_from_trace_json, trace_graph_string, trace_json_from_graph_string
+    from .actions import actions_from_trace_json, trace_json_from_text, trace_json_text
     from .cost_model import WorldModelCostModel, measure_candidates
 
     def best_us(fn, n):
@@ -247,9 +247,9 @@ def evaluator_throughput(model, xgb, ds, target, batch: int, reps: int = 3) -> d
         cwm_model.predict(ctx, cands[:2])  # E(s0) is computed once per task; count only per-candidate work
         xgb.predict(ctx, cands[:2])
         traces = [c.sch.trace for c in cands]
-        graphs, serialize = best_us(lambda: [trace_graph_string(tr) for tr in traces], n)
-        decoded, decode = best_us(lambda: [actions_from_trace_json(trace_json_from_graph_string(g, tr))
-                                           for g, tr in zip(graphs, traces)], n)
+        texts, serialize = best_us(lambda: [trace_json_text(tr) for tr in traces], n)
+        decoded, decode = best_us(lambda: [actions_from_trace_json(trace_json_from_text(g, tr))
+                                           for g, tr in zip(texts, traces)], n)
         X, features = best_us(lambda: model.features(ds.initial_states[tid], decoded, ds.hardware), n)
         _, rank = best_us(lambda: model.ranker.predict(X), n)
         _, cwm_total = best_us(lambda: cwm_model.predict(ctx, cands), n)

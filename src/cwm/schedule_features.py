@@ -133,7 +133,7 @@ def schedule_features(actions: list[dict], cores: int = 1, simd_lanes: int = 16)
         elif kind == "Fuse":
             known = [extents.get(str(x)) for x in ins]
             if outs and known and all(k is not None for k in known):
-                extents[str(outs[0])] = float(np.prod(known))
+                extents[str(outs[0])] = float(math.prod(known))
         elif kind == "Parallel" and ins:
             parallel.append(extents.get(str(ins[0]), 0.0))
         elif kind == "Vectorize" and ins:
@@ -144,8 +144,8 @@ def schedule_features(actions: list[dict], cores: int = 1, simd_lanes: int = 16)
                 write_back = float(lvl[0])
 
     # The main tiled block: the first block with a tiling structure whose loops were tiled.
-    spatial = np.zeros(MAX_LEVELS)
-    reduce = np.zeros(MAX_REDUCE_LEVELS)
+    spatial = [0.0] * MAX_LEVELS
+    reduce = [0.0] * MAX_REDUCE_LEVELS
     n_sp = n_rd = 0
     innermost = 0.0
     n_tiled = 0
@@ -170,15 +170,15 @@ def schedule_features(actions: list[dict], cores: int = 1, simd_lanes: int = 16)
                     reduce[k] += _log2(x)
     par = max(parallel) if parallel else 0.0
     vec = max(vector) if vector else 0.0
-    feats = list(spatial) + list(reduce) + [
-        float(spatial.sum()),
-        float(reduce.sum()),
+    feats = spatial + reduce + [
+        math.fsum(spatial),
+        math.fsum(reduce),
         float(n_sp),
         float(n_rd),
         float(n_tiled),
         innermost,
-        float(spatial[2:].sum()),  # register tile: the innermost spatial levels
-        float(reduce[1:].sum()),
+        math.fsum(spatial[2:]),  # register tile: the innermost spatial levels
+        math.fsum(reduce[1:]),
         _log2(par),
         par / max(1, cores),
         float(len(parallel)),
@@ -188,8 +188,8 @@ def schedule_features(actions: list[dict], cores: int = 1, simd_lanes: int = 16)
         unroll_step,
         unroll_explicit,
         write_back,
-        float(np.mean(locations)) if locations else -1.0,
-        float(spatial[:1].sum()),
+        sum(locations) / len(locations) if locations else -1.0,
+        spatial[0],
     ]
     out = np.asarray(feats, dtype=np.float32)
     out[~np.isfinite(out)] = 0.0
