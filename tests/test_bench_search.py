@@ -13,6 +13,9 @@ def test_tiny_search_benchmark(tmp_path, tiny_model):
     assert entry["xgb"]["speedup_vs_xgb"] == pytest.approx(1.0)
     assert entry["random"]["geomean_seconds"] > 0
     assert summary["latency_source"] == "remeasured_seconds"
+    assert summary["num_trials_per_iter"] == 4
+    assert summary["overall"]["random"]["wall_seconds_per_trial"] > 0
+    assert "4 candidates per iteration" in (tmp_path / "out" / "search.md").read_text()
     for name in ("search.json", "search.md", "search.png"):
         assert (tmp_path / "out" / name).exists()
     # A second call resumes: every run is already done.

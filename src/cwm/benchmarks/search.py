@@ -65,6 +65,7 @@ def _load_or_tune(task, budget, contender, seed, root, model_path, xgb_path, per
         "wall_seconds": time.time() - start,
         "cost_model_seconds": result.cost_model_seconds,
         "trials": result.trials,
+        "num_trials_per_iter": per_iter,
     }
     atomic_write_text(done, json.dumps(record) + "\n")
     return record
@@ -158,12 +159,12 @@ def run_search_benchmark(
             for b, contender in plan:  # interleaved: every contender once per (subgraph, seed)
                 runs.append(_load_or_tune(task, b, contender, seed, root, model_path, xgb_path,
                                           num_trials_per_iter, progress))
-                _write(out_dir, _summarize(tasks, runs, contenders, budget, large_budget, None))
+                _write(out_dir, _summarize(tasks, runs, contenders, budget, large_budget, None, num_trials_per_iter))
     latencies = remeasure_interleaved([(resolve_task(r["task"], target), r["best_trace"]) for r in runs], target,
                                       remeasure_runs)
     for r, lat in zip(runs, latencies):
         r["remeasured_seconds"] = lat
-    summary = _summarize(tasks, runs, contenders, budget, large_budget, remeasure_runs)
+    summary = _summarize(tasks, runs, contenders, budget, large_budget, remeasure_runs, num_trials_per_iter)
     _write(out_dir, summary)
     return summary
 
@@ -189,7 +190,7 @@ def _trials_to_reach(curve, goal) -> int | None:
     return None
 
 
-def _summarize(tasks, runs, contenders, budget, large_budget, remeasure_runs) -> dict:
+def _summarize(tasks, runs, contenders, budget, large_budget, remeasure_runs, num_trials_per_iter=None) -> dict:
     key = "remeasured_seconds" if remeasure_runs else "db_best_seconds"
     per_task = {}
     for task in tasks:
@@ -207,6 +208,7 @@ def _summarize(tasks, runs, contenders, budget, large_budget, remeasure_runs) ->
                 "cost_model_seconds": float(np.mean([r["cost_model_seconds"] for r in mine])),
                 "cost_model_seconds_per_trial": float(np.mean([r["cost_model_seconds"] / max(1, r["trials"])
                                                                for r in mine])),
+                "wall_seconds_per_trial": float(np.mean([r["wall_seconds"] / max(1, r["trials"]) for r in mine])),
                 "curves": [r["curve"] for r in mine],
             }
         if "xgb" in entry:
@@ -230,8 +232,11 @@ def _summarize(tasks, runs, contenders, budget, large_budget, remeasure_runs) ->
                           "spread_log_std": float(logs.std()),
                           "min": float(min(ratios)), "max": float(max(ratios)),
                           "cost_model_seconds_per_trial": float(np.mean(
-                              [e[c]["cost_model_seconds_per_trial"] for e in per_task.values() if c in e]))}
+                              [e[c]["cost_model_seconds_per_trial"] for e in per_task.values() if c in e])),
+                          "wall_seconds_per_trial": float(np.mean(
+                              [e[c]["wall_seconds_per_trial"] for e in per_task.values() if c in e]))}
     return {"budget": budget, "large_budget": large_budget, "remeasure_runs": remeasure_runs,
+            "num_trials_per_iter": num_trials_per_iter,
             "latency_source": key, "per_subgraph": per_task, "overall": overall,
             "runs": [{k: v for k, v in r.items() if k not in ("best_trace", "curve")} for r in runs]}
 
@@ -245,7 +250,10 @@ def _write(out_dir: Path, summary: dict) -> None:
 def _markdown(summary: dict) -> str:
     per = summary["per_subgraph"]
     contenders = sorted({c for e in per.values() for c in e if c != "sample_efficiency"})
+    per_iter = summary.get("num_trials_per_iter")
     lines = [f"# Search benchmark: {summary['budget']} trials, latency = {summary['latency_source']}", "",
+             *([f"Evolutionary search measures {per_iter} candidates per iteration (every contender).", ""]
+               if per_iter else []),
              "| subgraph | " + " | ".join(f"{c} ms (x vs xgb)" for c in contenders) + " |",
              "|---|" + "---|" * len(contenders)]
     for name, e in per.items():
@@ -260,7 +268,9 @@ def _markdown(summary: dict) -> str:
     for c, o in summary["overall"].items():
         lines.append(f"- {c}: geometric-mean speed-up vs xgb {o['geomean_speedup_vs_xgb']:.3f}x "
                      f"(min {o['min']:.2f}, max {o['max']:.2f}, log-std {o['spread_log_std']:.2f}); "
-                     f"cost model {o['cost_model_seconds_per_trial'] * 1e3:.1f} ms/trial")
+                     f"cost model {o['cost_model_seconds_per_trial'] * 1e3:.1f} ms/trial"
+                     + (f", tuning wall time {o['wall_seconds_per_trial']:.2f} s/trial" if "wall_seconds_per_trial" in o
+                        else ""))
     efficiency = {n: e["sample_efficiency"] for n, e in per.items() if (e.get("sample_efficiency") or {}).get("ratio")}
     if efficiency:
         big, small = summary["large_budget"], tenth_budget(summary["large_budget"])
