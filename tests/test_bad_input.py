@@ -218,6 +218,8 @@ CASES = [
     (["tune", TINY, "--trials", "0", "--work-dir", "{tmp}/t"], ["--trials must be positive, got 0"]),
     (["tune", TINY, "--trials", "-2", "--work-dir", "{tmp}/t"], ["--trials must be positive, got -2"]),
     (["tune", TINY, "--trials", "4", "--per-iter", "0", "--work-dir", "{tmp}/t"], ["num_trials_per_iter", "got 0"]),
+    (["tune", TINY, "--trials", "4", "--cost-model", "xgb", "--finetune-transition", "--work-dir", "{tmp}/t"],
+     ["--finetune-transition needs --cost-model cwm, got xgb"]),
     (["tune", "matmul:M=-1", "--trials", "4", "--work-dir", "{tmp}/t"], ["M must be >= 1"]),
     (["tune", "nosuchop", "--trials", "4", "--work-dir", "{tmp}/t"], ["unknown workload 'nosuchop'"]),
     (["tune", "", "--trials", "4", "--work-dir", "{tmp}/t"], ["unknown workload ''"]),

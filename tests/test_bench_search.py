@@ -71,3 +71,29 @@ def test_run_plan_runs_a_shared_budget_once():
     assert run_plan(32, ["cwm", "xgb"], 320) == [(32, "cwm"), (32, "xgb"), (320, "xgb")]
     assert run_plan(64, ["cwm", "xgb"], 1000) == [(64, "cwm"), (64, "xgb"), (1000, "xgb"), (100, "cwm")]
     assert run_plan(64, ["random"]) == [(64, "random")]
+
+
+def test_search_world_model_variants(tmp_path, tiny_model, multi_db, multi_split):
+    from cwm.benchmarks.search import run_search_benchmark
+    from cwm.dataset import load_split
+    from cwm.world_model import WorldModel
+
+    summary = run_search_benchmark(["matmul:M=32,N=32,K=32"], tmp_path / "out", budget=4, seeds=(0,),
+                                   contenders=("cwm-initial", "cwm-finetune"), model_path=tiny_model, train_db=multi_db,
+                                   split=load_split(multi_split), work_root=tmp_path / "runs",
+                                   num_trials_per_iter=4, remeasure_runs=3, progress=False)
+    for contender in ("cwm-initial", "cwm-finetune"):
+        entry = summary["per_subgraph"]["matmul:M=32,N=32,K=32"][contender]
+        assert entry["geomean_seconds"] > 0 and entry["cost_model_seconds"] > 0
+    ablation = WorldModel.load(tmp_path / "runs" / "cwm_initial_model")
+    assert ablation.config.latent == "initial"
+    assert WorldModel.load(tiny_model).config.latent == "rollout"
+
+
+def test_search_ablation_needs_training_data(tmp_path, tiny_model):
+    from cwm.benchmarks.search import run_search_benchmark
+    from cwm.errors import CwmError
+
+    with pytest.raises(CwmError, match="cwm-initial needs the training database"):
+        run_search_benchmark(["matmul:M=32,N=32,K=32"], tmp_path / "out", budget=4, contenders=("cwm-initial",),
+                             model_path=tiny_model, work_root=tmp_path / "runs", progress=False)

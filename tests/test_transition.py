@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -339,6 +340,22 @@ def test_fit_loss_decreases():
     # explicit seed: same result twice
     est2 = Transition(TransitionConfig(epochs=12, **TINY)).fit(z0, trajs, targets, progress=False)
     assert np.array_equal(est2.predict(z0, trajs), pred)
+
+
+def test_warm_start_continues_from_the_fitted_weights():
+    trajs = synthetic_trajectories(32, seed=1)
+    z0 = np.random.default_rng(2).normal(size=(32, 8)).astype(np.float32)
+    targets = kind_rule_targets(z0, trajs)
+    est = Transition(TransitionConfig(epochs=4, **TINY)).fit(z0, trajs, targets, progress=False)
+    before = est.predict(z0, trajs)
+    first_loss = est.history_[0]["loss"]
+    tuned = copy.deepcopy(est).fit(z0, trajs, targets, progress=False, warm_start=True, epochs=2)
+    assert len(tuned.history_) == 2
+    assert tuned.history_[0]["loss"] < first_loss  # it did not start again from scratch
+    assert not np.array_equal(tuned.predict(z0, trajs), before)
+    assert np.array_equal(est.predict(z0, trajs), before)  # the original is untouched
+    cold = copy.deepcopy(est).fit(z0, trajs, targets, progress=False, epochs=2)
+    assert cold.history_[0]["loss"] == pytest.approx(first_loss)
 
 
 def test_fit_respects_max_seconds():

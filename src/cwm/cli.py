@@ -114,6 +114,8 @@ def tune(
     work_dir: Path = typer.Option(Path("runs/tune"), help="Database and report directory (resumable)."),
     seed: int = typer.Option(0),
     per_iter: int = typer.Option(32, help="Candidates measured per search iteration."),
+    finetune_transition: bool = typer.Option(False, help="cwm: also fine-tune the transition online on the "
+                                             "measured candidates' replayed states (slower per round)."),
 ):
     """Tune a workload, a network or a TVMScript kernel; writes a database and a report."""
     from .hardware import make_target
@@ -124,6 +126,8 @@ def tune(
     _quiet_tvm_logs()
     if trials <= 0:
         _fail(f"--trials must be positive, got {trials}")
+    if finetune_transition and cost_model != "cwm":
+        _fail(f"--finetune-transition needs --cost-model cwm, got {cost_model}")
     address = RPCAddress.parse(rpc) if rpc else None
     if address:
         address.check_reachable()
@@ -134,7 +138,8 @@ def tune(
         names = [workload] if workload is not None else ([] if network is not None else [DEFAULT_WORKLOAD])
         tasks = _tasks_from(names, network, tgt)
     result = run_tune(tasks, trials=trials, work_dir=work_dir, cost_model=cost_model, model_path=model,
-                      target=tgt, rpc=address, seed=seed, num_trials_per_iter=per_iter)
+                      target=tgt, rpc=address, seed=seed, num_trials_per_iter=per_iter,
+                      finetune_transition=finetune_transition)
     if network is not None:
         from .tuning import tune_layout_tasks
         from .workloads import network_tasks
@@ -229,10 +234,12 @@ def bench_search(
     budget: int = typer.Option(64, help="Trials per run."),
     large_budget: Optional[int] = typer.Option(None, help="Also run xgb at this budget and cwm at a tenth of it."),
     seeds: int = typer.Option(3, help="Seeds per contender (at least 3 for a report)."),
-    contenders: str = typer.Option(",".join(("cwm", "xgb", "xgb-pretrained", "random")), help="Comma-separated."),
+    contenders: str = typer.Option(",".join(("cwm", "xgb", "xgb-pretrained", "random")),
+                                   help="Comma-separated; also cwm-initial (no-transition ablation) and "
+                                   "cwm-finetune (transition fine-tuned online)."),
     model: Optional[Path] = typer.Option(None, help="World model directory (default: the shipped model)."),
-    db: Path = typer.Option(Path("reference"), help="Training database (for xgb-pretrained)."),
-    split: Path = typer.Option(Path("data/reference/split.json"), help="Split (for xgb-pretrained)."),
+    db: Path = typer.Option(Path("reference"), help="Training database (for xgb-pretrained and cwm-initial)."),
+    split: Path = typer.Option(Path("data/reference/split.json"), help="Split (for xgb-pretrained and cwm-initial)."),
     out: Path = typer.Option(Path("benchmarks/results/search")),
     work_root: Path = typer.Option(Path("runs/bench_search"), help="Per-run databases (resumable)."),
     per_iter: int = typer.Option(32, help="num_trials_per_iter of the search."),
@@ -245,11 +252,12 @@ def bench_search(
 
     _quiet_tvm_logs()
     chosen = [c.strip() for c in contenders.split(",") if c.strip()]
+    needs_training_data = "xgb-pretrained" in chosen or "cwm-initial" in chosen
     summary = run_search_benchmark(
         subgraphs or DEFAULT_SUBGRAPHS, out, budget=budget, large_budget=large_budget, seeds=tuple(range(seeds)),
         contenders=chosen, model_path=model or default_model_dir(),
-        train_db=resolve_db(db) if "xgb-pretrained" in chosen else None,
-        split=load_split(split) if "xgb-pretrained" in chosen else None, work_root=work_root,
+        train_db=resolve_db(db) if needs_training_data else None,
+        split=load_split(split) if needs_training_data else None, work_root=work_root,
         num_trials_per_iter=per_iter, remeasure_runs=remeasure_runs)
     for c, o in summary["overall"].items():
         typer.echo(f"{c:<15} geomean speed-up vs xgb {o['geomean_speedup_vs_xgb']:.3f}x "

@@ -8,6 +8,8 @@ import numpy as np
 import tvm.s_tir.meta_schedule as ms
 from tvm.ir.utils import derived_object
 
+from .errors import CwmError
+
 
 @derived_object
 class TimedCostModel(ms.cost_model.PyCostModel):
@@ -53,21 +55,32 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
 
     predict: E(s0) once per task (cached), each candidate's trace as actions, batched rollout,
     LambdaRank scores. update: keep the measured candidates of each task and continue boosting
-    a copy of the pretrained ranker on them (the transition and encoder stay frozen).
+    a copy of the pretrained ranker on them. The encoder stays frozen; so does the transition,
+    unless ``finetune_transition``: then a copy of F per task is fine-tuned with the rollout loss
+    on the measured candidates' replayed and encoded intermediate states (at most
+    ``finetune_states`` per candidate), and the task's features are recomputed with it.
     """
 
     def __init__(self, model, *, online: bool = True, update_rounds: int = 20, min_update: int = 8,
-                 hardware: dict | None = None, seed: int = 0):
+                 hardware: dict | None = None, seed: int = 0, finetune_transition: bool = False,
+                 finetune_epochs: int = 3, finetune_states: int = 4):
         super().__init__()
+        if finetune_transition and (model.transition is None or model.config.latent != "rollout"):
+            raise CwmError("finetune_transition needs a world model that rolls out its transition")
         self.model = model
         self.online = online
         self.update_rounds = update_rounds
         self.min_update = min_update
         self.hardware = hardware
         self.seed = seed
+        self.finetune_transition = finetune_transition
+        self.finetune_epochs = finetune_epochs
+        self.finetune_states = finetune_states
         self._initial: dict[int, str] = {}
-        self.measured: dict[str, dict[str, list]] = {}  # task key -> {"X": [...], "latency": [...]}
+        # task key -> {"X": [...], "latency": [...]}, plus "actions" and "targets" when fine-tuning
+        self.measured: dict[str, dict[str, list]] = {}
         self.adapted: dict[str, object] = {}  # task key -> adapted ranker
+        self.task_models: dict[str, object] = {}  # task key -> world model with its fine-tuned transition
         # Evolutionary search re-scores surviving candidates every generation: keep their rows.
         self.max_cached_rows = 65536
         self._rows: dict[tuple[str, bytes], np.ndarray] = {}
@@ -103,7 +116,7 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
         if missing:
             actions = [actions_from_trace_json(trace_json_from_text(traces[i], candidates[i].sch.trace))
                        for i in missing.values()]
-            new = self.model.features(text, actions, self._hardware(context))
+            new = self.task_models.get(tid, self.model).features(text, actions, self._hardware(context))
             if len(self._rows) + len(missing) > self.max_cached_rows:
                 # Bounded memory: drop the cache, but keep the rows this batch still needs.
                 self._rows = {k: self._rows[k] for k in keys if k in self._rows}
@@ -122,12 +135,65 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
             return
         tid, X = self._features(context, candidates)
         store = self.measured.setdefault(tid, {"X": [], "latency": []})
-        for row, res in zip(X, results):
+        valid = []
+        for i, (row, res) in enumerate(zip(X, results)):
             secs = [float(s) for s in res.run_secs] if res.run_secs is not None else []
             if res.error_msg is None and secs and all(0 < s < 1e9 for s in secs):
                 store["X"].append(row)
                 store["latency"].append(float(np.median(secs)))
+                valid.append(i)
+        if self.finetune_transition and valid:
+            self._add_targets(context, tid, [candidates[i] for i in valid])
+            self._finetune(context, tid)
         self._adapt(tid)
+
+    def _add_targets(self, context, tid: str, candidates) -> None:
+        """Actions and encoded true intermediate states of newly measured candidates."""
+        from .actions import actions_from_trace_json, changes_ir, replay_states, trace_to_json
+
+        store = self.measured[tid]
+        for cand in candidates:
+            actions = actions_from_trace_json(trace_to_json(cand.sch.trace))
+            ir_steps = [i + 1 for i, a in enumerate(actions) if changes_ir(a)]
+            # A few evenly spaced IR-changing steps, always the last: each is replayed from s0.
+            picks = sorted({ir_steps[round(j)] for j in np.linspace(0, len(ir_steps) - 1,
+                                                                    min(self.finetune_states, len(ir_steps)))}
+                           ) if ir_steps else []
+            try:
+                states = replay_states(context.mod, actions, picks)
+            except Exception:  # a trace that no longer replays: its trajectory gets no targets
+                states = {}
+            steps = sorted(states)
+            vectors = self.model.encoder.encode([states[t] for t in steps]) if steps else []
+            store.setdefault("actions", []).append(actions)
+            store.setdefault("targets", []).append({int(t): np.asarray(v, np.float32) for t, v in zip(steps, vectors)})
+
+    def _finetune(self, context, tid: str) -> None:
+        """Fine-tune a copy of the pretrained F on the task's measured trajectories; refresh its features."""
+        import copy
+        import dataclasses
+
+        _, text = self._task(context)
+        store = self.measured[tid]
+        base = self.model
+        transition = copy.deepcopy(base.transition)
+        transition.config = dataclasses.replace(transition.config, seed=self.seed)
+        z0 = np.repeat(base.initial_latent(text)[None, :], len(store["actions"]), axis=0)
+        transition.fit(z0, store["actions"], store["targets"], progress=False, warm_start=True,
+                       epochs=self.finetune_epochs)
+        self._use_transition(tid, transition, text, self._hardware(context))
+
+    def _task_model(self, transition):
+        from .world_model import WorldModel
+
+        task_model = WorldModel(self.model.encoder, transition, self.model.ranker, self.model.config)
+        task_model._z0_cache = self.model._z0_cache  # E(s0) does not depend on F
+        return task_model
+
+    def _use_transition(self, tid: str, transition, text: str, hardware) -> None:
+        task_model = self.task_models[tid] = self._task_model(transition)
+        self._rows = {k: v for k, v in self._rows.items() if k[0] != tid}
+        self.measured[tid]["X"] = list(task_model.features(text, self.measured[tid]["actions"], hardware))
 
     def _adapt(self, tid: str) -> None:
         """Continue boosting a copy of the pretrained ranker on the task's measured candidates."""
@@ -143,16 +209,53 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
         self.adapted[tid] = ranker
 
     def save(self, path: str) -> None:
-        """The per-task measured features (the online state); the base model is saved separately."""
-        payload = {f"{tid}/X": np.stack(v["X"]) for tid, v in self.measured.items() if v["X"]}
-        payload.update({f"{tid}/latency": np.asarray(v["latency"]) for tid, v in self.measured.items() if v["X"]})
+        """The per-task online state: measured features and latencies, and with fine-tuning the
+        trajectories, their target states and the fine-tuned transition weights (the base model
+        is saved separately)."""
+        import json
+
+        payload = {}
+        for tid, v in self.measured.items():
+            if not v["X"]:
+                continue
+            payload[f"{tid}/X"] = np.stack(v["X"])
+            payload[f"{tid}/latency"] = np.asarray(v["latency"])
+            if "actions" in v:
+                payload[f"{tid}/actions"] = np.array(json.dumps(v["actions"]))
+                payload[f"{tid}/targets"] = np.array(json.dumps(
+                    [{str(t): vec.tolist() for t, vec in tg.items()} for tg in v["targets"]]))
+        for tid, task_model in self.task_models.items():
+            for name, tensor in task_model.transition.model_.state_dict().items():
+                payload[f"{tid}/transition/{name}"] = tensor.detach().numpy()
         with open(path, "wb") as f:
             np.savez(f, **payload)
 
     def load(self, path: str) -> None:
+        import copy
+        import json
+
+        import torch
+
         with np.load(path) as data:
-            tids = {k.split("/")[0] for k in data.files}
-            self.measured = {t: {"X": list(data[f"{t}/X"]), "latency": list(data[f"{t}/latency"])} for t in tids}
+            files = set(data.files)
+            tids = {k.split("/")[0] for k in files}
+            self.measured, weights = {}, {}
+            for t in tids:
+                store = {"X": list(data[f"{t}/X"]), "latency": list(data[f"{t}/latency"])}
+                if f"{t}/actions" in files:
+                    store["actions"] = json.loads(str(data[f"{t}/actions"]))
+                    store["targets"] = [{int(k): np.asarray(v, np.float32) for k, v in tg.items()}
+                                        for tg in json.loads(str(data[f"{t}/targets"]))]
+                self.measured[t] = store
+                prefix = f"{t}/transition/"
+                state = {k[len(prefix):]: torch.from_numpy(data[k].copy()) for k in files if k.startswith(prefix)}
+                if state:
+                    weights[t] = state
+        self.task_models, self._rows = {}, {}
+        for tid, state in weights.items():
+            transition = copy.deepcopy(self.model.transition)
+            transition.model_.load_state_dict(state)
+            self.task_models[tid] = self._task_model(transition)
         self.adapted = {}
         for tid in self.measured:
             self._adapt(tid)

@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 CONTENDERS = ("cwm", "xgb-static", "final-state", "initial-state", "random")
 
 
-def _ablation_model(base, latent: str, train_ds, val_ds, settings, final_latents=None):
+def ablation_model(base, latent: str, train_ds, val_ds, settings, final_latents=None):
+    """``base`` with another latent (``initial``: E(s0), ``final``: E(s_T)), its ranker refit on the same records."""
     from .training import fit_ranker
     from .world_model import WorldModel, WorldModelConfig
 
@@ -100,7 +101,7 @@ def evaluate(model_dir, db_dir, split: dict, out_dir, *, settings=None, final_pe
     scores["xgb-static"] = np.concatenate(xs)
 
     t = time.time()
-    initial = _ablation_model(model, "initial", train_ds, val_ds, settings)
+    initial = ablation_model(model, "initial", train_ds, val_ds, settings)
     scores["initial-state"] = initial.ranker.predict(ranker_arrays(initial, test_ds)[0])
     timings["initial-state-train"] = time.time() - t
 
@@ -109,7 +110,7 @@ def evaluate(model_dir, db_dir, split: dict, out_dir, *, settings=None, final_pe
     finals_val, kept_val = _encode_finals(model, val_ds, final_per_task, rng, progress)
     finals_test, _ = _encode_finals(model, test_ds, None, rng, progress)
     finals = {**finals_train, **finals_val, **finals_test}
-    final = _ablation_model(model, "final", _restrict(train_ds, kept_train), _restrict(val_ds, kept_val),
+    final = ablation_model(model, "final", _restrict(train_ds, kept_train), _restrict(val_ds, kept_val),
                             settings, finals)
     scores["final-state"] = final.ranker.predict(ranker_arrays(final, test_ds, finals)[0])
     timings["final-state-train"] = time.time() - t

@@ -16,6 +16,7 @@ plus a margin ranking term against the true states of the other trajectories of 
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import sys
@@ -487,12 +488,16 @@ class Transition:
         *,
         progress: bool = True,
         max_seconds: float | None = None,
+        warm_start: bool = False,
+        epochs: int | None = None,
     ) -> "Transition":
         """Train on ``N`` trajectories.
 
         ``targets[i]`` maps a step ``t`` (number of actions applied, ``1..T_i``) to the encoded
         true state after ``t`` actions; other steps are ignored. Training stops early after
-        ``max_seconds`` (checked between mini-batches).
+        ``max_seconds`` (checked between mini-batches). With ``warm_start`` a fitted model
+        continues from its weights (fine-tuning) instead of a fresh initialization; ``epochs``
+        overrides the configured number.
 
         Inside a torch.distributed process group (see :mod:`cwm.distributed`) the model trains
         as a DistributedDataParallel module, each rank on its share of every epoch's batches
@@ -530,8 +535,12 @@ class Transition:
             tgt_steps.append(np.asarray(steps, dtype=np.int64))
             tgt_vals.append(np.stack(vals) if vals else np.zeros((0, d), np.float32))
 
-        model = self._new_model()
+        if warm_start and self.model_ is not None:
+            model = copy.deepcopy(self.model_)
+        else:
+            model = self._new_model()
         model.train()
+        n_epochs = int(cfg.epochs if epochs is None else epochs)
         parallel = distributed.is_distributed()
         rollout = distributed.ddp(model.rollout, model) if parallel else model.rollout
         opt = torch.optim.Adam(model.parameters(), lr=float(cfg.lr))
@@ -539,7 +548,7 @@ class Transition:
         bs = max(1, int(cfg.batch_size))
         self.history_ = []
         stop = False
-        for epoch in range(int(cfg.epochs)):
+        for epoch in range(n_epochs):
             order = rng.permutation(N)
             sums = {"loss": 0.0, "match": 0.0, "rank": 0.0}
             n_batches = 0
@@ -597,7 +606,7 @@ class Transition:
                     rec["partial"] = True
                 self.history_.append(rec)
                 msg = (
-                    f"transition epoch {epoch + 1}/{cfg.epochs}: loss {rec['loss']:.4f} "
+                    f"transition epoch {epoch + 1}/{n_epochs}: loss {rec['loss']:.4f} "
                     f"(match {rec['match']:.4f}, rank {rec['rank']:.4f}) {rec['seconds']:.1f}s"
                 )
                 log.info(msg)

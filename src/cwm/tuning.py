@@ -51,9 +51,12 @@ class TuneResult:
         }
 
 
-def make_cost_model(kind: str, model_path=None, seed: int = 0):
+def make_cost_model(kind: str, model_path=None, seed: int = 0, finetune_transition: bool = False):
     """A timed cost model by name; ``model_path`` is the world model directory for ``cwm`` and
-    the saved XGBModel file for ``xgb-pretrained``."""
+    the saved XGBModel file for ``xgb-pretrained``. ``finetune_transition`` (``cwm`` only) also
+    fine-tunes the transition online on each task's measured candidates."""
+    if finetune_transition and kind != "cwm":
+        raise CwmError(f"only the cwm cost model has a transition to fine-tune, not {kind!r}")
     import tvm.s_tir.meta_schedule as ms
 
     from tvm.s_tir.meta_schedule.cost_model.xgb_model import XGBConfig
@@ -78,7 +81,8 @@ def make_cost_model(kind: str, model_path=None, seed: int = 0):
         from .cost_model import WorldModelCostModel
         from .world_model import WorldModel
 
-        return TimedCostModel(WorldModelCostModel(WorldModel.load(model_path), seed=seed))
+        return TimedCostModel(WorldModelCostModel(WorldModel.load(model_path), seed=seed,
+                                                  finetune_transition=finetune_transition))
     raise CwmError(f"unknown cost model {kind!r}; choose one of {', '.join(COST_MODELS)}")
 
 
@@ -146,6 +150,7 @@ def tune(
     progress: bool = True,
     report: bool = True,
     strategy: str = "evolutionary",
+    finetune_transition: bool = False,
 ) -> TuneResult:
     """Tune ``tasks`` (a Task, a workload name, or a list of them) for ``trials`` measurements in total.
 
@@ -177,7 +182,8 @@ def tune(
             raise CwmError(f"tune takes Task objects or workload names, got {type(t).__name__}")
     if rpc is not None:
         rpc.check_reachable()  # fail fast, before anything is written
-    model = make_cost_model(cost_model, model_path, seed)  # a bad model fails before anything is written
+    # a bad model fails before anything is written
+    model = make_cost_model(cost_model, model_path, seed, finetune_transition)
     work_dir = Path(work_dir)
     db = open_database(work_dir)
     from .dataset import write_task_index

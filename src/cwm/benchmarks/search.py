@@ -23,6 +23,10 @@ from ..metrics import geomean
 log = logging.getLogger(__name__)
 
 CONTENDERS = ("cwm", "xgb", "xgb-pretrained", "random")
+# World-model variants, opt-in with --contenders: the paper's search ablation without the transition
+# (``cwm-initial``: E(s0) + action features, the ranker refit on the same training records), and
+# the shipped model with the transition fine-tuned online on each task (``cwm-finetune``).
+VARIANTS = ("cwm-initial", "cwm-finetune")
 
 # 12 subgraphs: matmul/dense, batch_matmul, conv2d, depthwise, reductions; several are in the
 # reference test split (held out from training).
@@ -46,17 +50,19 @@ def _run_dir(root: Path, task, budget: int, contender: str, seed: int) -> Path:
     return root / task.id / f"b{budget}" / contender / f"seed{seed}"
 
 
-def _load_or_tune(task, budget, contender, seed, root, model_path, xgb_path, per_iter, progress):
+def _load_or_tune(task, budget, contender, seed, root, model_path, xgb_path, initial_path, per_iter, progress):
     from ..tuning import tune
 
     run_dir = _run_dir(root, task, budget, contender, seed)
     done = run_dir / "run.json"
     if done.exists():
         return json.loads(done.read_text())
-    path = {"cwm": model_path, "xgb-pretrained": xgb_path}.get(contender)
+    path = {"cwm": model_path, "cwm-finetune": model_path, "cwm-initial": initial_path,
+            "xgb-pretrained": xgb_path}.get(contender)
     start = time.time()
-    result = tune(task, trials=budget, work_dir=run_dir, cost_model=contender, model_path=path, seed=seed,
-                  num_trials_per_iter=per_iter, progress=progress)
+    result = tune(task, trials=budget, work_dir=run_dir, cost_model="cwm" if contender in VARIANTS else contender,
+                  model_path=path, seed=seed, num_trials_per_iter=per_iter, progress=progress,
+                  finetune_transition=contender == "cwm-finetune")
     record = {
         "task": task.name, "contender": contender, "seed": seed, "budget": budget,
         "db_best_seconds": result.best[task.id]["latency"] if task.id in result.best else None,
@@ -109,6 +115,22 @@ def pretrain_xgb_file(db_dir, split: dict, out_path: Path, target, seed: int = 0
     return out_path
 
 
+def initial_state_model_dir(db_dir, split: dict, out_path: Path, model_path=None, seed: int = 0) -> Path:
+    """The ``cwm-initial`` ablation as a model directory (kept in the work root and reused)."""
+    from ..dataset import load_dataset
+    from ..evaluation import ablation_model
+    from ..training import TrainSettings
+    from ..world_model import CONFIG_FILE, WorldModel
+
+    if (out_path / CONFIG_FILE).exists():
+        return out_path
+    ds = load_dataset(db_dir).valid()
+    model = ablation_model(WorldModel.load(model_path), "initial", ds.subset(split["train"]),
+                           ds.subset(split["val"]), TrainSettings(seed=seed))
+    model.save(out_path)
+    return out_path
+
+
 def run_search_benchmark(
     subgraphs=DEFAULT_SUBGRAPHS,
     out_dir="benchmarks/results/search",
@@ -134,11 +156,12 @@ def run_search_benchmark(
         raise CwmError("at least one seed is needed")
     from ..tuning import COST_MODELS
 
-    unknown = [c for c in contenders if c not in COST_MODELS]
+    known = COST_MODELS + VARIANTS
+    unknown = [c for c in contenders if c not in known]
     if unknown or not contenders:
-        raise CwmError(f"unknown contender {unknown[0]!r}; choose from {', '.join(COST_MODELS)}" if unknown
+        raise CwmError(f"unknown contender {unknown[0]!r}; choose from {', '.join(known)}" if unknown
                        else "no contenders given")
-    if "cwm" in contenders:
+    if any(c == "cwm" or c in VARIANTS for c in contenders):
         from ..world_model import WorldModel
 
         WorldModel.load(model_path)  # a missing or corrupt model fails now, not after the other runs
@@ -152,12 +175,17 @@ def run_search_benchmark(
         if train_db is None or split is None:
             raise CwmError("xgb-pretrained needs the training database and split")
         xgb_path = pretrain_xgb_file(train_db, split, root / "xgb_pretrained.tar", target)
+    initial_path = None
+    if "cwm-initial" in contenders:
+        if train_db is None or split is None:
+            raise CwmError("cwm-initial needs the training database and split")
+        initial_path = initial_state_model_dir(train_db, split, root / "cwm_initial_model", model_path)
     runs = []
     plan = run_plan(budget, contenders, large_budget)
     for task in tasks:
         for seed in seeds:
             for b, contender in plan:  # interleaved: every contender once per (subgraph, seed)
-                runs.append(_load_or_tune(task, b, contender, seed, root, model_path, xgb_path,
+                runs.append(_load_or_tune(task, b, contender, seed, root, model_path, xgb_path, initial_path,
                                           num_trials_per_iter, progress))
                 _write(out_dir, _summarize(tasks, runs, contenders, budget, large_budget, None, num_trials_per_iter))
     latencies = remeasure_interleaved([(resolve_task(r["task"], target), r["best_trace"]) for r in runs], target,
