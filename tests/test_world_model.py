@@ -88,19 +88,26 @@ def test_empty_split_is_a_clear_error(multi_db, tmp_path):
         train(multi_db, {"train": [], "val": [], "test": []}, tmp_path, TrainSettings.tiny(), progress=False)
 
 
-def test_cost_model_predict_update_save_load(tiny_model, multi_db, tmp_path):
+def _first_task_candidates(multi_db):
+    """(task id, its valid trajectories, their MeasureCandidates, a TuneContext) of multi_db's first task."""
     import tvm.s_tir.meta_schedule as ms
 
-    from cwm.cost_model import WorldModelCostModel, measure_candidates, runner_results
+    from cwm.cost_model import measure_candidates
     from cwm.dataset import load_dataset
     from cwm.hardware import make_target
-    from cwm.world_model import WorldModel
 
     ds = load_dataset(multi_db).valid()
     tid = sorted(ds.by_task)[0]
     trajs = ds.by_task[tid]
     cands = measure_candidates(ds.modules[tid], [t.actions for t in trajs])
-    ctx = ms.TuneContext(mod=ds.modules[tid], target=make_target(), task_name="t")
+    return tid, trajs, cands, ms.TuneContext(mod=ds.modules[tid], target=make_target(), task_name="t")
+
+
+def test_cost_model_predict_update_save_load(tiny_model, multi_db, tmp_path):
+    from cwm.cost_model import WorldModelCostModel, runner_results
+    from cwm.world_model import WorldModel
+
+    tid, trajs, cands, ctx = _first_task_candidates(multi_db)
     cm = WorldModelCostModel(WorldModel.load(tiny_model), min_update=4)
     before = cm.predict(ctx, cands)
     assert before.shape == (len(cands),) and (before > 0).all() and (before <= 1).all()
@@ -115,18 +122,10 @@ def test_cost_model_predict_update_save_load(tiny_model, multi_db, tmp_path):
 
 
 def test_cost_model_finetunes_the_transition_per_task(tiny_model, multi_db, tmp_path):
-    import tvm.s_tir.meta_schedule as ms
-
-    from cwm.cost_model import WorldModelCostModel, measure_candidates, runner_results
-    from cwm.dataset import load_dataset
-    from cwm.hardware import make_target
+    from cwm.cost_model import WorldModelCostModel, runner_results
     from cwm.world_model import WorldModel
 
-    ds = load_dataset(multi_db).valid()
-    tid = sorted(ds.by_task)[0]
-    trajs = ds.by_task[tid]
-    cands = measure_candidates(ds.modules[tid], [t.actions for t in trajs])
-    ctx = ms.TuneContext(mod=ds.modules[tid], target=make_target(), task_name="t")
+    tid, trajs, cands, ctx = _first_task_candidates(multi_db)
     frozen = WorldModelCostModel(WorldModel.load(tiny_model), min_update=4)
     tuned = WorldModelCostModel(WorldModel.load(tiny_model), min_update=4, finetune_transition=True)
     base_weights = {k: v.clone() for k, v in tuned.model.transition.model_.state_dict().items()}
