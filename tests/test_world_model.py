@@ -146,15 +146,15 @@ def test_cost_model_finetunes_the_transition_per_task(tiny_model, multi_db, tmp_
     tuned.save(str(path))
     again = WorldModelCostModel(WorldModel.load(tiny_model), min_update=4, finetune_transition=True)
     again.load(str(path))
-    # The fine-tuned weights and the task's features round-trip exactly. (Predictions are not
-    # compared: re-adapting the ranker on the same rows twice in one process already differs.)
+    # The fine-tuned weights, the task's features and the adapted scores round-trip exactly.
     saved = tuned.task_models[tid].transition.model_.state_dict()
     for k, v in again.task_models[tid].transition.model_.state_dict().items():
         assert torch.equal(v, saved[k])
     _, x_again = again._features(ctx, cands)
     assert np.array_equal(x_again, x_tuned)
     assert np.array_equal(np.stack(again.measured[tid]["X"]), np.stack(store["X"]))
-    assert tid in again.adapted and again.predict(ctx, cands).shape == (len(cands),)
+    assert tid in again.adapted
+    assert np.array_equal(again.predict(ctx, cands), tuned.predict(ctx, cands))
     assert len(again.measured[tid]["targets"]) == len(trajs)
 
 

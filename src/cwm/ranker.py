@@ -161,6 +161,8 @@ class RankerConfig:
             "lambdarank_pair_method": self.lambdarank_pair_method,
             "lambdarank_num_pair_per_sample": self.lambdarank_num_pair_per_sample,
             "seed": self.seed,
+            # re-seed every round: continued boosting (update) must not depend on earlier calls
+            "seed_per_iteration": True,
             "nthread": self.threads(),
             "verbosity": 0,
         }
