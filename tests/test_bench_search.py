@@ -35,6 +35,24 @@ def test_tiny_search_benchmark(tmp_path, tiny_model):
     assert set(diag["by_contender"]) == {"xgb", "random"}
     for row in diag["runs"]:
         assert 0.0 <= row["pairwise"] <= 1.0 and 0.0 < row["near_best"] <= 1.0 and row["median_over_best"] >= 1.0
+    pooled = diag["pooled"]
+    assert pooled["tasks"] == ["matmul:M=32,N=32,K=32"] and pooled["candidates"] >= 4
+    assert set(pooled["by_scorer"]) == {"cwm", "random"}  # no pretrained XGBModel in this work root
+    assert "Ranking the pooled candidates" in (tmp_path / "diag" / "search_diagnosis.md").read_text()
+    # With a pretrained XGBModel, it scores the pool too (here pretrained on the pool itself).
+    from cwm.benchmarks.search import pooled_ranking
+    from cwm.cost_model import pretrain_xgb
+    from cwm.dataset import load_dataset
+    from cwm.hardware import make_target
+    from cwm.world_model import WorldModel
+
+    run_dir = next((tmp_path / "runs").glob("*/b4/xgb/seed0"))
+    pretrain_xgb(load_dataset(run_dir).valid(), make_target(), progress=False).save(str(tmp_path / "xgb.tar"))
+    with_xgb = pooled_ranking(tmp_path / "runs", 4, WorldModel.load(tiny_model), xgb_path=tmp_path / "xgb.tar")
+    assert set(with_xgb["by_scorer"]) == {"cwm", "xgb-pretrained", "random"}
+    for v in with_xgb["by_scorer"].values():
+        assert 0.0 <= v["pairwise_accuracy"] <= 1.0 and 0.0 < v["best_of_16"] <= 1.0
+    assert with_xgb["by_scorer"]["cwm"] == pooled["by_scorer"]["cwm"]
     empty = CliRunner().invoke(app, ["bench", "diagnose-search", "--work-root", str(tmp_path / "runs"),
                                      "--budget", "999", "--model", str(tiny_model), "--out", str(tmp_path / "d2")])
     assert empty.exit_code != 0

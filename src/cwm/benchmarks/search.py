@@ -387,7 +387,7 @@ def diagnose_search_runs(work_root, out_dir, *, budget: int = 64, model_path=Non
                          "distinct": len(decisions) / len(trajs),
                          "near_best": float(np.mean(lat <= 1.5 * lat.min())),
                          "median_over_best": float(np.median(lat) / lat.min())})
-    summary = {"budget": budget, "runs": rows, "by_contender": {}}
+    summary = {"budget": budget, "runs": rows, "by_contender": {}, "pooled": pooled_ranking(root, budget, model)}
     for c in sorted({r["contender"] for r in rows}):
         mine = [r for r in rows if r["contender"] == c]
         summary["by_contender"][c] = {k: float(np.mean([r[k] for r in mine]))
@@ -402,5 +402,81 @@ def diagnose_search_runs(work_root, out_dir, *, budget: int = 64, model_path=Non
     for c, v in summary["by_contender"].items():
         lines.append(f"| {c} | {v['runs']} | {v['pairwise']:.3f} | {v['distinct']:.2f} | {v['near_best']:.2f} | "
                      f"{v['median_over_best']:.2f} |")
+    pooled = summary["pooled"]
+    if pooled["tasks"]:
+        lines += ["", f"# Ranking the pooled candidates of all runs ({len(pooled['tasks'])} subgraphs, "
+                  f"{pooled['candidates']} distinct measured candidates)", "",
+                  "Each subgraph's candidates measured by any contender, scored by each frozen model (no online "
+                  "update). best-of-16: the pool's best latency / the best latency among the model's top 16, "
+                  "what one search round of 16 measurements would find (1.0 = the pool's best).", "",
+                  "| scorer | pairwise acc. | top-1 | best-of-16 |", "|---|---|---|---|"]
+        for name, v in pooled["by_scorer"].items():
+            lines.append(f"| {name} | {v['pairwise_accuracy']:.3f} | {v['top1']:.3f} | {v['best_of_16']:.3f} |")
     atomic_write_text(out / "search_diagnosis.md", "\n".join(lines) + "\n")
     return summary
+
+
+def pooled_ranking(root: Path, budget: int, model, xgb_path=None, initial_path=None) -> dict:
+    """Frozen ranking quality on the union of every run's measured candidates, per subgraph.
+
+    Scorers: the world model (``cwm``); with ``xgb_path`` (default: the work root's pretrained
+    XGBModel, if there), MetaSchedule's pretrained XGBoost on the candidates' final code
+    (``xgb-pretrained``); with ``initial_path`` (default: the work root's ``cwm-initial`` model,
+    if there), the no-transition ablation. ``random`` is the floor.
+    """
+    import json as _json
+
+    from ..dataset import load_dataset
+    from ..metrics import evaluate_ranking, topk_score
+
+    xgb_path = Path(xgb_path) if xgb_path else root / "xgb_pretrained.tar"
+    initial_path = Path(initial_path) if initial_path else root / "cwm_initial_model"
+    pools: dict[str, dict] = {}
+    for run_json in sorted(root.glob(f"*/b{budget}/*/seed*/run.json")):
+        ds = load_dataset(run_json.parent).valid()
+        for tid, trajs in ds.by_task.items():
+            pool = pools.setdefault(tid, {"ds": ds, "seen": {}, "name": _json.loads(run_json.read_text())["task"]})
+            for t in trajs:
+                pool["seen"].setdefault(_json.dumps(t.actions, sort_keys=True), t)
+    scorers = {"cwm": model}
+    from ..world_model import CONFIG_FILE, WorldModel
+
+    if (initial_path / CONFIG_FILE).exists():
+        scorers["cwm-initial"] = WorldModel.load(initial_path)
+    xgb = None
+    if xgb_path.is_file():
+        from ..tuning import make_cost_model
+
+        xgb = make_cost_model("xgb-pretrained", xgb_path).inner
+    rng = np.random.default_rng(0)
+    scores: dict[str, list] = {}
+    lat_all, groups = [], []
+    for tid, pool in sorted(pools.items()):
+        trajs = list(pool["seen"].values())
+        if len(trajs) < 2:
+            continue
+        ds, actions = pool["ds"], [t.actions for t in trajs]
+        for name, m in scorers.items():
+            scores.setdefault(name, []).append(m.predict(ds.initial_states[tid], actions, ds.hardware))
+        if xgb is not None:
+            import tvm.s_tir.meta_schedule as ms
+
+            from ..cost_model import measure_candidates
+            from ..hardware import make_target
+
+            ctx = ms.TuneContext(mod=ds.modules[tid], target=make_target(), task_name=tid)
+            scores.setdefault("xgb-pretrained", []).append(
+                np.asarray(xgb.predict(ctx, measure_candidates(ds.modules[tid], actions))))
+        scores.setdefault("random", []).append(rng.random(len(trajs)))
+        lat_all.append(np.array([t.latency for t in trajs]))
+        groups.append(np.array([pool["name"]] * len(trajs)))
+    out = {"tasks": [g[0] for g in groups], "candidates": int(sum(len(x) for x in lat_all)), "by_scorer": {}}
+    if not groups:
+        return out
+    lat, grp = np.concatenate(lat_all), np.concatenate(groups)
+    for name, parts in scores.items():
+        s = np.concatenate(parts)
+        report = evaluate_ranking(s, lat, grp)
+        report["best_of_16"] = topk_score(s, lat, grp, k=16)
+        out["by_scorer"][name] = report
+    return out
