@@ -40,7 +40,7 @@ def test_tiny_search_benchmark(tmp_path, tiny_model):
     assert set(pooled["by_scorer"]) == {"cwm", "random"}  # no pretrained XGBModel in this work root
     assert "Ranking the pooled candidates" in (tmp_path / "diag" / "search_diagnosis.md").read_text()
     # With a pretrained XGBModel, it scores the pool too (here pretrained on the pool itself).
-    from cwm.benchmarks.search import pooled_ranking
+    from cwm.benchmarks.search import finished_runs, pooled_ranking
     from cwm.cost_model import pretrain_xgb
     from cwm.dataset import load_dataset
     from cwm.hardware import make_target
@@ -48,7 +48,8 @@ def test_tiny_search_benchmark(tmp_path, tiny_model):
 
     run_dir = next((tmp_path / "runs").glob("*/b4/xgb/seed0"))
     pretrain_xgb(load_dataset(run_dir).valid(), make_target(), progress=False).save(str(tmp_path / "xgb.tar"))
-    with_xgb = pooled_ranking(tmp_path / "runs", 4, WorldModel.load(tiny_model), xgb_path=tmp_path / "xgb.tar")
+    with_xgb = pooled_ranking(finished_runs(tmp_path / "runs", 4), WorldModel.load(tiny_model),
+                              xgb_path=tmp_path / "xgb.tar")
     assert set(with_xgb["by_scorer"]) == {"cwm", "xgb-pretrained", "random"}
     for v in with_xgb["by_scorer"].values():
         assert 0.0 <= v["pairwise_accuracy"] <= 1.0 and 0.0 < v["best_of_16"] <= 1.0

@@ -27,6 +27,9 @@ CONTENDERS = ("cwm", "xgb", "xgb-pretrained", "random")
 # (``cwm-initial``: E(s0) + action features, the ranker refit on the same training records), and
 # the shipped model with the transition fine-tuned online on each task (``cwm-finetune``).
 VARIANTS = ("cwm-initial", "cwm-finetune")
+# Trained once per work root and reused by later runs and by ``diagnose-search``.
+XGB_PRETRAINED_FILE = "xgb_pretrained.tar"
+INITIAL_MODEL_DIR = "cwm_initial_model"
 
 # 12 subgraphs: matmul/dense, batch_matmul, conv2d, depthwise, reductions; several are in the
 # reference test split (held out from training).
@@ -174,12 +177,12 @@ def run_search_benchmark(
     if "xgb-pretrained" in contenders:
         if train_db is None or split is None:
             raise CwmError("xgb-pretrained needs the training database and split")
-        xgb_path = pretrain_xgb_file(train_db, split, root / "xgb_pretrained.tar", target)
+        xgb_path = pretrain_xgb_file(train_db, split, root / XGB_PRETRAINED_FILE, target)
     initial_path = None
     if "cwm-initial" in contenders:
         if train_db is None or split is None:
             raise CwmError("cwm-initial needs the training database and split")
-        initial_path = initial_state_model_dir(train_db, split, root / "cwm_initial_model", model_path)
+        initial_path = initial_state_model_dir(train_db, split, root / INITIAL_MODEL_DIR, model_path)
     runs = []
     plan = run_plan(budget, contenders, large_budget)
     for task in tasks:
@@ -365,17 +368,14 @@ def diagnose_search_runs(work_root, out_dir, *, budget: int = 64, model_path=Non
     """
     import json as _json
 
-    from ..dataset import load_dataset
     from ..metrics import pairwise_accuracy
     from ..world_model import WorldModel
 
     model = WorldModel.load(model_path)
     root = Path(work_root)
+    runs = finished_runs(root, budget)
     rows = []
-    for run_json in sorted(root.glob(f"*/b{budget}/*/seed*/run.json")):
-        run_dir = run_json.parent
-        info = _json.loads(run_json.read_text())
-        ds = load_dataset(run_dir).valid()
+    for info, ds in runs:
         for tid, trajs in ds.by_task.items():
             if len(trajs) < 2:
                 continue
@@ -387,7 +387,8 @@ def diagnose_search_runs(work_root, out_dir, *, budget: int = 64, model_path=Non
                          "distinct": len(decisions) / len(trajs),
                          "near_best": float(np.mean(lat <= 1.5 * lat.min())),
                          "median_over_best": float(np.median(lat) / lat.min())})
-    summary = {"budget": budget, "runs": rows, "by_contender": {}, "pooled": pooled_ranking(root, budget, model)}
+    summary = {"budget": budget, "runs": rows, "by_contender": {}, "pooled": pooled_ranking(
+        runs, model, xgb_path=root / XGB_PRETRAINED_FILE, initial_path=root / INITIAL_MODEL_DIR)}
     for c in sorted({r["contender"] for r in rows}):
         mine = [r for r in rows if r["contender"] == c]
         summary["by_contender"][c] = {k: float(np.mean([r[k] for r in mine]))
@@ -416,38 +417,44 @@ def diagnose_search_runs(work_root, out_dir, *, budget: int = 64, model_path=Non
     return summary
 
 
-def pooled_ranking(root: Path, budget: int, model, xgb_path=None, initial_path=None) -> dict:
-    """Frozen ranking quality on the union of every run's measured candidates, per subgraph.
-
-    Scorers: the world model (``cwm``); with ``xgb_path`` (default: the work root's pretrained
-    XGBModel, if there), MetaSchedule's pretrained XGBoost on the candidates' final code
-    (``xgb-pretrained``); with ``initial_path`` (default: the work root's ``cwm-initial`` model,
-    if there), the no-transition ablation. ``random`` is the floor.
-    """
-    import json as _json
-
+def finished_runs(root: Path, budget: int) -> list[tuple[dict, object]]:
+    """``(run.json record, valid dataset of its database)`` of each finished run at ``budget``."""
     from ..dataset import load_dataset
+
+    return [(json.loads(run_json.read_text()), load_dataset(run_json.parent).valid())
+            for run_json in sorted(Path(root).glob(f"*/b{budget}/*/seed*/run.json"))]
+
+
+def pooled_ranking(runs, model, xgb_path=None, initial_path=None) -> dict:
+    """Frozen ranking quality on the union of the runs' measured candidates, per subgraph.
+
+    ``runs``: :func:`finished_runs`. Scorers: the world model (``cwm``); with ``xgb_path`` (if the
+    file is there), MetaSchedule's pretrained XGBoost on the candidates' final code
+    (``xgb-pretrained``); with ``initial_path`` (if the model is there), the no-transition
+    ablation. ``random`` is the floor.
+    """
     from ..metrics import evaluate_ranking, topk_score
 
-    xgb_path = Path(xgb_path) if xgb_path else root / "xgb_pretrained.tar"
-    initial_path = Path(initial_path) if initial_path else root / "cwm_initial_model"
     pools: dict[str, dict] = {}
-    for run_json in sorted(root.glob(f"*/b{budget}/*/seed*/run.json")):
-        ds = load_dataset(run_json.parent).valid()
+    for info, ds in runs:
         for tid, trajs in ds.by_task.items():
-            pool = pools.setdefault(tid, {"ds": ds, "seen": {}, "name": _json.loads(run_json.read_text())["task"]})
+            pool = pools.setdefault(tid, {"ds": ds, "seen": {}, "name": info["task"]})
             for t in trajs:
-                pool["seen"].setdefault(_json.dumps(t.actions, sort_keys=True), t)
+                pool["seen"].setdefault(json.dumps(t.actions, sort_keys=True), t)
     scorers = {"cwm": model}
     from ..world_model import CONFIG_FILE, WorldModel
 
-    if (initial_path / CONFIG_FILE).exists():
+    if initial_path is not None and (Path(initial_path) / CONFIG_FILE).exists():
         scorers["cwm-initial"] = WorldModel.load(initial_path)
     xgb = None
-    if xgb_path.is_file():
+    if xgb_path is not None and Path(xgb_path).is_file():
+        import tvm.s_tir.meta_schedule as ms
+
+        from ..cost_model import measure_candidates
+        from ..hardware import make_target
         from ..tuning import make_cost_model
 
-        xgb = make_cost_model("xgb-pretrained", xgb_path).inner
+        xgb, target = make_cost_model("xgb-pretrained", xgb_path).inner, make_target()
     rng = np.random.default_rng(0)
     scores: dict[str, list] = {}
     lat_all, groups = [], []
@@ -459,12 +466,7 @@ def pooled_ranking(root: Path, budget: int, model, xgb_path=None, initial_path=N
         for name, m in scorers.items():
             scores.setdefault(name, []).append(m.predict(ds.initial_states[tid], actions, ds.hardware))
         if xgb is not None:
-            import tvm.s_tir.meta_schedule as ms
-
-            from ..cost_model import measure_candidates
-            from ..hardware import make_target
-
-            ctx = ms.TuneContext(mod=ds.modules[tid], target=make_target(), task_name=tid)
+            ctx = ms.TuneContext(mod=ds.modules[tid], target=target, task_name=tid)
             scores.setdefault("xgb-pretrained", []).append(
                 np.asarray(xgb.predict(ctx, measure_candidates(ds.modules[tid], actions))))
         scores.setdefault("random", []).append(rng.random(len(trajs)))
