@@ -39,6 +39,10 @@ def test_tiny_search_benchmark(tmp_path, tiny_model):
     assert pooled["tasks"] == ["matmul:M=32,N=32,K=32"] and pooled["candidates"] >= 4
     assert set(pooled["by_scorer"]) == {"cwm", "random"}  # no pretrained XGBModel in this work root
     assert "Ranking the pooled candidates" in (tmp_path / "diag" / "search_diagnosis.md").read_text()
+    assert 0.0 < pooled["by_scorer"]["cwm"]["top16_distinct_tiles"] <= 1.0
+    xgb_headroom = diag["headroom"]["by_contender"]["xgb"]
+    assert xgb_headroom["lead_vs_xgb_at"] == {"4": pytest.approx(1.0)} and xgb_headroom["gap_to_pool_best"] >= 1.0
+    assert "Headroom" in (tmp_path / "diag" / "search_diagnosis.md").read_text()
     # With a pretrained XGBModel, it scores the pool too (here pretrained on the pool itself).
     from cwm.benchmarks.search import finished_runs, pooled_ranking
     from cwm.cost_model import pretrain_xgb
@@ -116,3 +120,26 @@ def test_search_ablation_needs_training_data(tmp_path, tiny_model):
     with pytest.raises(CwmError, match="cwm-initial needs the training database"):
         run_search_benchmark(["matmul:M=32,N=32,K=32"], tmp_path / "out", budget=4, contenders=("cwm-initial",),
                              model_path=tiny_model, work_root=tmp_path / "runs", progress=False)
+
+
+def test_headroom_against_the_pool_best():
+    from cwm.benchmarks.search import headroom, tile_decisions
+
+    def run(contender, task, seed, curve):
+        return {"contender": contender, "task": task, "seed": seed, "budget": 4, "num_trials_per_iter": 2,
+                "curve": curve, "db_best_seconds": min(v for v in curve if v is not None)}
+
+    infos = [run("xgb", "a", 0, [None, 4.0, 4.0, 2.0]), run("cwm", "a", 0, [2.0, 2.0, 1.0, 1.0]),
+             run("xgb", "b", 0, [3.0, 3.0, 3.0, 3.0]), run("cwm", "b", 0, [None, None, 6.0, 3.0])]
+    h = headroom(infos)
+    assert h["checkpoints"] == [2, 4] and h["subgraphs"] == 2
+    cwm, xgb = h["by_contender"]["cwm"], h["by_contender"]["xgb"]
+    # pool bests: a 1.0 (cwm), b 3.0 (both)
+    assert xgb["gap_to_pool_best"] == pytest.approx(2.0 ** 0.5)
+    assert cwm["gap_to_pool_best"] == pytest.approx(1.0)
+    # after 2 trials only subgraph a has both curves (4/2); after 4: a 2/1, b 3/3
+    assert cwm["lead_vs_xgb_at"] == {"2": pytest.approx(2.0), "4": pytest.approx(2.0 ** 0.5)}
+    assert headroom([]) == {}
+    actions = [{"kind": "SamplePerfectTile", "decision": [4, 8]}, {"kind": "Split", "decision": None},
+               {"kind": "SampleCategorical", "decision": 2}]
+    assert tile_decisions(actions) == ((4, 8),)

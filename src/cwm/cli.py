@@ -283,6 +283,9 @@ def bench_diagnose_search(
     for c, v in summary["by_contender"].items():
         typer.echo(f"{c:<15} runs {v['runs']:>3}  pairwise {v['pairwise']:.3f}  distinct {v['distinct']:.2f}  "
                    f"within 1.5x of best {v['near_best']:.2f}  median/best {v['median_over_best']:.2f}")
+    for c, v in summary["headroom"].get("by_contender", {}).items():
+        leads = "  ".join(f"@{k} {x:.3f}" for k, x in v["lead_vs_xgb_at"].items())
+        typer.echo(f"{c:<15} gap to the pool best {v['gap_to_pool_best']:.3f}  lead vs xgb {leads}")
     typer.echo(f"report: {out / 'search_diagnosis.json'}, {out / 'search_diagnosis.md'}")
 
 

@@ -269,6 +269,12 @@ def measure_candidates(mod, actions_list) -> list:
     return [ms.MeasureCandidate(replay(mod, actions), args_info) for actions in actions_list]
 
 
+def xgb_scores(model, mod, actions_list, target, task_name: str = "main") -> np.ndarray:
+    """A MetaSchedule cost model's scores of recorded action sequences on ``mod`` (higher is better)."""
+    context = ms.TuneContext(mod=mod, target=target, task_name=task_name)
+    return np.asarray(model.predict(context, measure_candidates(mod, actions_list)))
+
+
 def runner_results(latencies) -> list:
     return [ms.runner.RunnerResult(run_secs=[float(x)], error_msg=None) for x in latencies]
 

@@ -61,14 +61,12 @@ def _restrict(ds, record_indices: set):
 def evaluate(model_dir, db_dir, split: dict, out_dir, *, settings=None, final_per_task: int = 64,
              throughput_batch: int = 512, seed: int = 0, progress: bool = True, cache_dir=None,
              curve_repeats: int = 5) -> dict:
-    from .cost_model import WorldModelCostModel, measure_candidates, pretrain_xgb
+    from .cost_model import pretrain_xgb, xgb_scores
     from .dataset import load_dataset
     from .hardware import make_target
     from .metrics import evaluate_ranking
     from .training import TrainSettings, ranker_arrays
     from .world_model import WorldModel
-
-    import tvm.s_tir.meta_schedule as ms
 
     settings = settings or TrainSettings()
     rng = np.random.default_rng(seed)
@@ -94,11 +92,8 @@ def evaluate(model_dir, db_dir, split: dict, out_dir, *, settings=None, final_pe
     t = time.time()
     xgb = pretrain_xgb(train_ds, target, seed=seed, progress=progress)
     timings["xgb-static-train"] = time.time() - t
-    xs = []
-    for tid, trajs in sorted(test_ds.by_task.items()):
-        ctx = ms.TuneContext(mod=ds.modules[tid], target=target, task_name=tid)
-        xs.append(np.asarray(xgb.predict(ctx, measure_candidates(ds.modules[tid], [t.actions for t in trajs]))))
-    scores["xgb-static"] = np.concatenate(xs)
+    scores["xgb-static"] = np.concatenate([xgb_scores(xgb, ds.modules[tid], [t.actions for t in trajs], target, tid)
+                                           for tid, trajs in sorted(test_ds.by_task.items())])
 
     t = time.time()
     initial = ablation_model(model, "initial", train_ds, val_ds, settings)

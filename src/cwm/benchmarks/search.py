@@ -388,7 +388,8 @@ def diagnose_search_runs(work_root, out_dir, *, budget: int = 64, model_path=Non
                          "near_best": float(np.mean(lat <= 1.5 * lat.min())),
                          "median_over_best": float(np.median(lat) / lat.min())})
     summary = {"budget": budget, "runs": rows, "by_contender": {}, "pooled": pooled_ranking(
-        runs, model, xgb_path=root / XGB_PRETRAINED_FILE, initial_path=root / INITIAL_MODEL_DIR)}
+        runs, model, xgb_path=root / XGB_PRETRAINED_FILE, initial_path=root / INITIAL_MODEL_DIR),
+        "headroom": headroom([info for info, _ in runs])}
     for c in sorted({r["contender"] for r in rows}):
         mine = [r for r in rows if r["contender"] == c]
         summary["by_contender"][c] = {k: float(np.mean([r[k] for r in mine]))
@@ -409,10 +410,15 @@ def diagnose_search_runs(work_root, out_dir, *, budget: int = 64, model_path=Non
                   f"{pooled['candidates']} distinct measured candidates)", "",
                   "Each subgraph's candidates measured by any contender, scored by each frozen model (no online "
                   "update). best-of-16: the pool's best latency / the best latency among the model's top 16, "
-                  "what one search round of 16 measurements would find (1.0 = the pool's best).", "",
-                  "| scorer | pairwise acc. | top-1 | best-of-16 |", "|---|---|---|---|"]
+                  "what one search round of 16 measurements would find (1.0 = the pool's best). distinct tiles: "
+                  "distinct tile-size decisions (all SamplePerfectTile decisions together) among the top 16, "
+                  "over 16.", "",
+                  "| scorer | pairwise acc. | top-1 | best-of-16 | distinct tiles in top 16 |",
+                  "|---|---|---|---|---|"]
         for name, v in pooled["by_scorer"].items():
-            lines.append(f"| {name} | {v['pairwise_accuracy']:.3f} | {v['top1']:.3f} | {v['best_of_16']:.3f} |")
+            lines.append(f"| {name} | {v['pairwise_accuracy']:.3f} | {v['top1']:.3f} | {v['best_of_16']:.3f} | "
+                         f"{v['top16_distinct_tiles']:.2f} |")
+    lines += _headroom_markdown(summary["headroom"])
     atomic_write_text(out / "search_diagnosis.md", "\n".join(lines) + "\n")
     return summary
 
@@ -448,16 +454,13 @@ def pooled_ranking(runs, model, xgb_path=None, initial_path=None) -> dict:
         scorers["cwm-initial"] = WorldModel.load(initial_path)
     xgb = None
     if xgb_path is not None and Path(xgb_path).is_file():
-        import tvm.s_tir.meta_schedule as ms
-
-        from ..cost_model import measure_candidates
         from ..hardware import make_target
         from ..tuning import make_cost_model
 
         xgb, target = make_cost_model("xgb-pretrained", xgb_path).inner, make_target()
     rng = np.random.default_rng(0)
     scores: dict[str, list] = {}
-    lat_all, groups = [], []
+    lat_all, groups, pool_actions = [], [], []
     for tid, pool in sorted(pools.items()):
         trajs = list(pool["seen"].values())
         if len(trajs) < 2:
@@ -466,10 +469,11 @@ def pooled_ranking(runs, model, xgb_path=None, initial_path=None) -> dict:
         for name, m in scorers.items():
             scores.setdefault(name, []).append(m.predict(ds.initial_states[tid], actions, ds.hardware))
         if xgb is not None:
-            ctx = ms.TuneContext(mod=ds.modules[tid], target=target, task_name=tid)
-            scores.setdefault("xgb-pretrained", []).append(
-                np.asarray(xgb.predict(ctx, measure_candidates(ds.modules[tid], actions))))
+            from ..cost_model import xgb_scores
+
+            scores.setdefault("xgb-pretrained", []).append(xgb_scores(xgb, ds.modules[tid], actions, target, tid))
         scores.setdefault("random", []).append(rng.random(len(trajs)))
+        pool_actions.append(actions)
         lat_all.append(np.array([t.latency for t in trajs]))
         groups.append(np.array([pool["name"]] * len(trajs)))
     out = {"tasks": [g[0] for g in groups], "candidates": int(sum(len(x) for x in lat_all)), "by_scorer": {}}
@@ -480,5 +484,74 @@ def pooled_ranking(runs, model, xgb_path=None, initial_path=None) -> dict:
         s = np.concatenate(parts)
         report = evaluate_ranking(s, lat, grp)
         report["best_of_16"] = topk_score(s, lat, grp, k=16)
+        report["top16_distinct_tiles"] = float(np.mean([
+            len({tile_decisions(tiles[j]) for j in np.argsort(-part, kind="stable")[:16]}) / min(16, len(part))
+            for part, tiles in zip(parts, pool_actions)]))
         out["by_scorer"][name] = report
     return out
+
+
+def tile_decisions(actions) -> tuple:
+    """The tile sizes a trajectory chose: its SamplePerfectTile decisions, in order."""
+    return tuple(tuple(a["decision"]) if isinstance(a.get("decision"), list) else a.get("decision")
+                 for a in actions if a.get("kind") == "SamplePerfectTile")
+
+
+def _best_at(curve, k: int) -> float | None:
+    vals = [v for v in curve[:k] if v is not None]
+    return min(vals) if vals else None
+
+
+def headroom(infos) -> dict:
+    """How far the runs' final bests are from the best any run found, and how ``xgb``'s lead evolves.
+
+    ``infos``: run.json records of one budget. Per subgraph, the pool best is the fastest database
+    latency over every run of every contender: an optimistic bound (the minimum of many noisy
+    timings) on what a cost model could pick at this budget from candidates the search really
+    proposes. ``gap_to_pool_best``: geometric mean over subgraphs of a contender's geomean best
+    over seeds / the pool best. ``lead_vs_xgb_at``: after k trials (each search round's end),
+    geometric mean over (subgraph, seed) of xgb's best so far / the contender's.
+    """
+    infos = [i for i in infos if i.get("db_best_seconds")]
+    if not infos:
+        return {}
+    pool_best = {}
+    for i in infos:
+        pool_best[i["task"]] = min(pool_best.get(i["task"], np.inf), i["db_best_seconds"])
+    budget = max(i["budget"] for i in infos)
+    per_iter = min(int(i.get("num_trials_per_iter") or budget) for i in infos)
+    checkpoints = sorted({min(budget, k) for k in range(per_iter, budget + per_iter, per_iter)})
+    xgb = {(i["task"], i["seed"]): i["curve"] for i in infos if i["contender"] == "xgb"}
+    out = {"subgraphs": len(pool_best), "checkpoints": checkpoints, "by_contender": {}}
+    for c in sorted({i["contender"] for i in infos}):
+        mine = [i for i in infos if i["contender"] == c]
+        gaps = [geomean([i["db_best_seconds"] for i in mine if i["task"] == t]) / best
+                for t, best in pool_best.items() if any(i["task"] == t for i in mine)]
+        entry = {"gap_to_pool_best": geomean(gaps), "lead_vs_xgb_at": {}}
+        for k in checkpoints:
+            leads = []
+            for i in mine:
+                ref = xgb.get((i["task"], i["seed"]))
+                a, b = _best_at(i["curve"], k), _best_at(ref, k) if ref else None
+                if a and b:
+                    leads.append(b / a)
+            if leads:
+                entry["lead_vs_xgb_at"][str(k)] = geomean(leads)
+        out["by_contender"][c] = entry
+    return out
+
+
+def _headroom_markdown(h: dict) -> list[str]:
+    if not h:
+        return []
+    ks = h["checkpoints"]
+    lines = ["", f"# Headroom: the final bests against the best any run found ({h['subgraphs']} subgraphs)", "",
+             "gap: geometric mean of each contender's best (database timing, geomean over seeds) / the fastest "
+             "candidate any run of any contender measured for that subgraph. The lead columns: xgb's best so far / "
+             "the contender's after k trials, geomean over subgraphs and seeds.", "",
+             "| contender | gap to the pool best | " + " | ".join(f"lead vs xgb at {k}" for k in ks) + " |",
+             "|---|---|" + "---|" * len(ks)]
+    for c, e in h["by_contender"].items():
+        leads = [f"{e['lead_vs_xgb_at'][str(k)]:.3f}" if str(k) in e["lead_vs_xgb_at"] else "-" for k in ks]
+        lines.append(f"| {c} | {e['gap_to_pool_best']:.3f} | " + " | ".join(leads) + " |")
+    return lines
