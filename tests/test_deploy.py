@@ -306,6 +306,7 @@ def test_e2e_benchmark_tiny_mode(mlp_build, tmp_path, target):
     # torch.compile: a number, or the reason it failed here
     assert e["latency_ms"]["torch_compile"] is not None or "torch_compile" in e["errors"]
     assert e["roofline"] and 0 < e["roofline"][0]["by_cost_model"]["xgb"]["fraction_of_peak"]
+    assert e["peak_matmul_gflops"] == data["peak_matmul_gflops"]
     assert data["geomean_speedup_vs_eager"]["tvm_xgb"] > 0
     assert "geometric mean" in (out / "e2e.md").read_text()
     # Resumable: a second run with the same settings skips the finished network.
@@ -336,3 +337,21 @@ def test_e2e_tuning_time_survives_a_crash(tmp_path, monkeypatch):
         _tune_timed([], 8, tmp_path, "xgb", None, None, 0, 4, False)
     saved = json.loads((tmp_path / TUNING_TIME_FILE).read_text())
     assert saved["invocations"] == 2 and saved["seconds"] >= 100.0
+
+
+def test_e2e_markdown_names_each_networks_peak():
+    from cwm.benchmarks.e2e import markdown
+
+    def net(peak):
+        return {"latency_ms": {"torch_eager": 2.0}, "speedup_vs_eager": {"torch_eager": 1.0}, "errors": {},
+                "total_tasks": 1, "tunable_tasks": 1, "tuning": {}, "builds": {}, "checks": {}, "roofline": [],
+                "trials_per_cost_model": 1, "peak_matmul_gflops": peak, "peak_matmul_gflops_best": peak + 10}
+
+    summary = {"contenders": ["torch_eager"], "config": {"runs": 30, "seeds": [0], "trials_per_task": 1,
+                                                         "cost_models": ["xgb"]},
+               "host": {"threads": 2, "cpu": "test"}, "peak_matmul_gflops": 150.0, "peak_matmul_gflops_best": 160.0,
+               "networks": {"a": net(100.0), "b": net(120.0)}}
+    text = markdown(summary)
+    assert "100.0 GFLOP/s (fastest call 110.0) for a" in text and "120.0 GFLOP/s (fastest call 130.0) for b" in text
+    summary["networks"]["b"] = net(100.0)
+    assert "100.0 GFLOP/s (fastest call 110.0)." in markdown(summary)
