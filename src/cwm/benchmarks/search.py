@@ -454,6 +454,7 @@ def pooled_ranking(runs, model, xgb_path=None, initial_path=None) -> dict:
         scorers["cwm-initial"] = WorldModel.load(initial_path)
     xgb = None
     if xgb_path is not None and Path(xgb_path).is_file():
+        from ..cost_model import xgb_scores
         from ..hardware import make_target
         from ..tuning import make_cost_model
 
@@ -469,8 +470,6 @@ def pooled_ranking(runs, model, xgb_path=None, initial_path=None) -> dict:
         for name, m in scorers.items():
             scores.setdefault(name, []).append(m.predict(ds.initial_states[tid], actions, ds.hardware))
         if xgb is not None:
-            from ..cost_model import xgb_scores
-
             scores.setdefault("xgb-pretrained", []).append(xgb_scores(xgb, ds.modules[tid], actions, target, tid))
         scores.setdefault("random", []).append(rng.random(len(trajs)))
         pool_actions.append(actions)
