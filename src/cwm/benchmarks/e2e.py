@@ -443,12 +443,12 @@ def markdown(summary: dict) -> str:
     geo = summary.get("geomean_speedup_vs_eager", {})
     lines.append("| **geometric mean** | | " + " | ".join(
         f"**{geo[c]:.2f}x**" if geo.get(c) else "n/a" for c in contenders) + " |")
-    peaks = {}  # (median, fastest call) -> networks whose roofline used it
+    latest = (summary["peak_matmul_gflops"], summary.get("peak_matmul_gflops_best", float("nan")))
+    peaks = {}  # (median, fastest call) -> networks whose roofline used it; older entries used the latest
     for name, e in summary["networks"].items():
-        peak = (e.get("peak_matmul_gflops", summary["peak_matmul_gflops"]),
-                e.get("peak_matmul_gflops_best", summary.get("peak_matmul_gflops_best", float("nan"))))
+        peak = (e.get("peak_matmul_gflops", latest[0]), e.get("peak_matmul_gflops_best", latest[1]))
         peaks.setdefault(peak, []).append(name)
-    peaks = peaks or {(summary["peak_matmul_gflops"], summary.get("peak_matmul_gflops_best", float("nan"))): []}
+    peaks = peaks or {latest: []}
     measured = "; ".join(f"{m:.1f} GFLOP/s (fastest call {b:.1f})" + (f" for {', '.join(n)}" if len(peaks) > 1 else "")
                          for (m, b), n in peaks.items())
     lines += ["", f"Measured torch fp32 matmul peak ({cfg.get('peak_n', 1024)}^3, median of 30, in the run that "
