@@ -89,6 +89,33 @@ def test_markdown_reports_sample_efficiency():
     assert "Sample efficiency" not in plain
 
 
+def test_sample_efficiency_summary_and_plot(tmp_path):
+    from types import SimpleNamespace
+
+    from cwm.benchmarks.search import _markdown, _plot, _summarize
+
+    def run(contender, budget, seed, curve, remeasured):
+        return {"task": "a", "contender": contender, "budget": budget, "seed": seed, "curve": curve,
+                "db_best_seconds": min(curve), "remeasured_seconds": remeasured, "wall_seconds": 1.0,
+                "cost_model_seconds": 0.1, "trials": budget}
+
+    runs = [run("cwm", 2, 0, [3.0, 2.0], 2.2), run("xgb", 2, 0, [4.0, 4.0], 4.0),
+            run("xgb", 20, 0, [5.0] * 9 + [2.0] * 11, 2.0),
+            run("cwm", 2, 1, [2.5, 2.0], 2.0), run("xgb", 2, 1, [4.0, 3.0], 3.0),
+            run("xgb", 20, 1, [5.0] * 20, 5.0)]
+    summary = _summarize([SimpleNamespace(name="a")], runs, ["cwm", "xgb"], 2, 20, 30)
+    eff = summary["per_subgraph"]["a"]["sample_efficiency"]
+    assert eff["cwm_tenth_per_seed"] == [2.2, 2.0] and eff["xgb_large_per_seed"] == [2.0, 5.0]
+    assert eff["ratio"] == pytest.approx((2.2 * 2.0) ** 0.5 / (2.0 * 5.0) ** 0.5)
+    # cwm's median database best is 2.0: the first xgb run reaches it at trial 10, the second never.
+    assert eff["xgb_trials_to_reach_cwm_tenth"] == [10, None]
+    text = _markdown(summary)
+    assert "| a | 3162.2777 (2000.0000 / 5000.0000) | 2097.6177 (2200.0000 / 2000.0000) |" in text
+    assert "- a: 10 / >20" in text
+    _plot(summary, tmp_path / "search.png")
+    assert (tmp_path / "search.png").stat().st_size > 0
+
+
 def test_run_plan_runs_a_shared_budget_once():
     from cwm.benchmarks.search import run_plan
 

@@ -221,6 +221,25 @@ def _trials_to_reach(curve, goal) -> int | None:
     return None
 
 
+def _sample_efficiency(rows, key, large_budget) -> dict:
+    """cwm at a tenth of the large budget against xgb at all of it, on one subgraph. Also: how many
+    trials each xgb run needed to reach cwm's best (database timings, as the curves are)."""
+    big = [r for r in rows if r["contender"] == "xgb" and r["budget"] == large_budget]
+    small = [r for r in rows if r["contender"] == "cwm" and r["budget"] == tenth_budget(large_budget)]
+    big_lat, small_lat = [r.get(key) for r in big], [r.get(key) for r in small]
+    entry = {"xgb_large": geomean(big_lat), "cwm_tenth": geomean(small_lat),
+             "ratio": geomean(small_lat) / geomean(big_lat) if big and small else None,
+             "xgb_large_per_seed": big_lat, "cwm_tenth_per_seed": small_lat}
+    small_db = [r["db_best_seconds"] for r in small if r["db_best_seconds"]]
+    if big and small_db:
+        goal = float(np.median(small_db))
+        entry["xgb_trials_to_reach_cwm_tenth"] = [_trials_to_reach(r["curve"], goal) for r in big]
+        entry["cwm_tenth_db_median"] = goal
+        entry["xgb_large_curves"] = [r["curve"] for r in big]
+        entry["cwm_tenth_curves"] = [r["curve"] for r in small]
+    return entry
+
+
 def _summarize(tasks, runs, contenders, budget, large_budget, remeasure_runs, num_trials_per_iter=None) -> dict:
     key = "remeasured_seconds" if remeasure_runs else "db_best_seconds"
     per_task = {}
@@ -249,10 +268,7 @@ def _summarize(tasks, runs, contenders, budget, large_budget, remeasure_runs, nu
                 e["speedup_vs_xgb"] = entry["xgb"]["geomean_seconds"] / e["geomean_seconds"]
                 e["trials_to_reach_xgb"] = [_trials_to_reach(curve, goal) for curve in e["curves"]]
         if large_budget:
-            big = [r.get(key) for r in rows if r["contender"] == "xgb" and r["budget"] == large_budget]
-            small = [r.get(key) for r in rows if r["contender"] == "cwm" and r["budget"] == tenth_budget(large_budget)]
-            entry["sample_efficiency"] = {"xgb_large": geomean(big), "cwm_tenth": geomean(small),
-                                          "ratio": geomean(small) / geomean(big) if big and small else None}
+            entry["sample_efficiency"] = _sample_efficiency(rows, key, large_budget)
         per_task[task.name] = entry
     overall = {}
     for c in contenders:
@@ -308,10 +324,26 @@ def _markdown(summary: dict) -> str:
         lines += ["", f"## Sample efficiency: cwm at {small} trials against xgb at {big}", "",
                   f"| subgraph | xgb, {big} trials, ms | cwm, {small} trials, ms | cwm / xgb latency |", "|---|---|---|---|"]
         for name, e in efficiency.items():
-            lines.append(f"| {name} | {e['xgb_large'] * 1e3:.4f} | {e['cwm_tenth'] * 1e3:.4f} | {e['ratio']:.3f} |")
+            lines.append(f"| {name} | {_ms_per_seed(e['xgb_large'], e.get('xgb_large_per_seed'))} "
+                         f"| {_ms_per_seed(e['cwm_tenth'], e.get('cwm_tenth_per_seed'))} | {e['ratio']:.3f} |")
         ratio = geomean([e["ratio"] for e in efficiency.values()])
         lines += ["", f"- geometric mean of cwm / xgb latency: {ratio:.3f} (goal: at most 1.022)"]
+        reach = {n: e["xgb_trials_to_reach_cwm_tenth"] for n, e in efficiency.items()
+                 if "xgb_trials_to_reach_cwm_tenth" in e}
+        if reach:
+            lines += ["", f"Trials each `xgb` run needed to reach the median database best of cwm's {small}-trial "
+                      f"runs (`>{big}`: never):", ""]
+            for name, trials in reach.items():
+                lines.append(f"- {name}: " + " / ".join(str(t) if t else f">{big}" for t in trials))
     return "\n".join(lines) + "\n"
+
+
+def _ms_per_seed(value, per_seed) -> str:
+    """'1.2345 (1.20 / 1.25 / 1.26)': the geometric mean in ms, and each seed's value when known."""
+    text = f"{value * 1e3:.4f}"
+    if per_seed:
+        text += " (" + " / ".join(f"{v * 1e3:.4f}" if v else "-" for v in per_seed) + ")"
+    return text
 
 
 def _plot(summary: dict, path: Path) -> None:
@@ -323,7 +355,8 @@ def _plot(summary: dict, path: Path) -> None:
     per = summary["per_subgraph"]
     names = list(per)
     contenders = sorted({c for e in per.values() for c in e if c != "sample_efficiency"})
-    fig, axes = plt.subplots(1, 2, figsize=(15, 5))
+    efficiency = [e["sample_efficiency"] for e in per.values() if "xgb_large_curves" in e.get("sample_efficiency", {})]
+    fig, axes = plt.subplots(1, 3 if efficiency else 2, figsize=(22 if efficiency else 15, 5))
     width = 0.8 / max(1, len(contenders))
     for i, c in enumerate(contenders):
         vals = [per[n][c].get("speedup_vs_xgb", np.nan) if c in per[n] else np.nan for n in names]
@@ -350,10 +383,33 @@ def _plot(summary: dict, path: Path) -> None:
     axes[1].set_xlabel("trial")
     axes[1].set_ylabel("best latency / xgb final (geomean)")
     axes[1].set_yscale("log")
-    axes[1].legend(fontsize=8)
+    if axes[1].lines:
+        axes[1].legend(fontsize=8)
+    if efficiency:
+        _plot_sample_efficiency(axes[2], efficiency, summary["large_budget"])
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def _plot_sample_efficiency(ax, efficiency: list[dict], large_budget: int) -> None:
+    """Best-so-far of xgb's large-budget runs and cwm's tenth-budget runs, each normalized by the
+    subgraph's median cwm best (database timings), geometric mean over subgraphs and seeds."""
+    for label, curves_key in ((f"xgb, {large_budget} trials", "xgb_large_curves"),
+                              (f"cwm, {tenth_budget(large_budget)} trials", "cwm_tenth_curves")):
+        norm = [[v / e["cwm_tenth_db_median"] if v else np.nan for v in curve]
+                for e in efficiency for curve in e[curves_key]]
+        length = min(len(v) for v in norm)
+        arr = np.array([v[:length] for v in norm], dtype=float)
+        ax.plot(np.arange(1, length + 1), np.exp(np.nanmean(np.log(arr), axis=0)), label=label)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.axvline(tenth_budget(large_budget), color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("trial")
+    ax.set_ylabel("best latency / cwm's final (geomean)")
+    ax.set_title("sample efficiency", fontsize=9)
+    ax.legend(fontsize=8)
 
 
 def diagnose_search_runs(work_root, out_dir, *, budget: int = 64, model_path=None) -> dict:
