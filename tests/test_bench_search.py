@@ -41,8 +41,7 @@ def test_tiny_search_benchmark(tmp_path, tiny_model):
     assert "Ranking the pooled candidates" in (tmp_path / "diag" / "search_diagnosis.md").read_text()
     assert 0.0 < pooled["by_scorer"]["cwm"]["top16_distinct_tiles"] <= 1.0
     xgb_headroom = diag["headroom"]["by_contender"]["xgb"]
-    # (a geometric mean through exp(log) may land one ulp below 1.0)
-    assert xgb_headroom["lead_vs_xgb_at"] == {"4": pytest.approx(1.0)} and xgb_headroom["gap_to_pool_best"] >= 1.0 - 1e-12
+    assert xgb_headroom["lead_vs_xgb_at"] == {"4": pytest.approx(1.0)} and xgb_headroom["gap_to_pool_best"] >= 1.0
     assert "Headroom" in (tmp_path / "diag" / "search_diagnosis.md").read_text()
     # With a pretrained XGBModel, it scores the pool too (here pretrained on the pool itself).
     from cwm.benchmarks.search import finished_runs, pooled_ranking

@@ -260,5 +260,6 @@ def test_geomean_skips_unusable_values():
     from cwm.metrics import geomean
 
     assert geomean([2.0, 8.0]) == pytest.approx(4.0)
+    assert geomean([0.1]) == 0.1 and geomean([3.7, 3.7, None]) == 3.7  # exact, unlike exp(log(x))
     assert geomean([2.0, None, float("nan"), 0.0, -1.0, float("inf"), 8.0]) == pytest.approx(4.0)
     assert math.isnan(geomean([None, 0.0]))

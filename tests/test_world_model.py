@@ -215,6 +215,29 @@ def test_eight_trial_tune_gives_a_valid_database(cost_model, tiny_model, tmp_pat
     assert (tmp_path / "report.json").exists() and (tmp_path / "best_so_far.png").exists()
 
 
+def test_resumed_tune_warm_starts_its_cost_model(tiny_model, tmp_path):
+    from cwm.database import load_raw
+    from cwm.hardware import make_target
+    from cwm.tuning import make_cost_model, tune, warm_start
+    from cwm.workloads import get_task
+
+    task, target = get_task("matmul:M=32,N=32,K=32"), make_target()
+    tune(task, trials=4, work_dir=tmp_path, cost_model="random", num_trials_per_iter=4, progress=False)
+    valid = sum(r.valid for r in load_raw(tmp_path).records)
+    assert valid >= 1
+    xgb = make_cost_model("xgb")
+    assert warm_start(xgb, tmp_path, [task], target) == valid
+    assert xgb.inner.data_size == valid
+    cwm = make_cost_model("cwm", tiny_model)
+    warm_start(cwm, tmp_path, [task], target)
+    assert len(cwm.inner.measured[task.id]["latency"]) == valid
+    resumed = tune(task, trials=8, work_dir=tmp_path, cost_model="xgb", num_trials_per_iter=4, progress=False)
+    assert resumed.resumed_records == valid and len(load_raw(tmp_path).records) == 8
+    # A fresh run has nothing to learn first.
+    fresh = tune(task, trials=4, work_dir=tmp_path / "fresh", cost_model="xgb", num_trials_per_iter=4, progress=False)
+    assert fresh.resumed_records == 0
+
+
 def test_tune_a_tvmscript_file(tiny_model, tmp_path):
     from typer.testing import CliRunner
 

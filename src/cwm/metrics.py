@@ -26,7 +26,11 @@ import numpy as np
 def geomean(values: Iterable[Any]) -> float:
     """Geometric mean of the positive finite values (None, NaN, inf and <= 0 are skipped); NaN if none."""
     vals = [float(v) for v in values if v is not None and np.isfinite(v) and v > 0]
-    return float(np.exp(np.mean(np.log(vals)))) if vals else float("nan")
+    if not vals:
+        return float("nan")
+    if min(vals) == max(vals):
+        return vals[0]  # exact: exp(log(x)) may miss x by an ulp, and a ratio to x then is not 1.0
+    return float(np.exp(np.mean(np.log(vals))))
 
 __all__ = [
     "geomean",

@@ -32,6 +32,7 @@ class TuneResult:
     seconds: float = 0.0
     cost_model_seconds: float = 0.0
     trials: int = 0
+    resumed_records: int = 0  # earlier valid records the cost model learned before a resumed search
 
     @property
     def weighted_latency(self) -> float | None:
@@ -45,6 +46,7 @@ class TuneResult:
             "trials": self.trials,
             "seconds": round(self.seconds, 2),
             "cost_model_seconds": round(self.cost_model_seconds, 3),
+            "resumed_records": self.resumed_records,
             "weighted_latency_seconds": self.weighted_latency,
             "best": self.best,
             "curve": self.curve,
@@ -193,6 +195,8 @@ def tune(
     remaining = max(0, trials - done)
     result = TuneResult(work_dir=work_dir, tasks=list(tasks))
     start = time.time()
+    if remaining and done:
+        result.resumed_records = warm_start(model, work_dir, tasks, target)
     if remaining:
         measured = measured_trace_keys(work_dir)
         with tqdm(total=remaining, unit="trial", disable=not progress, dynamic_ncols=True,
@@ -227,6 +231,27 @@ def tune(
     if report:
         write_report(result, work_dir)
     return result
+
+
+def warm_start(model, work_dir, tasks, target) -> int:
+    """Feed a cost model the valid records already in ``work_dir``, so that a resumed search
+    continues with what the stopped one had learned; returns how many it learned."""
+    import tvm.s_tir.meta_schedule as ms
+
+    from .cost_model import measure_candidates, runner_results
+    from .dataset import load_dataset
+
+    by_task = load_dataset(work_dir).valid().by_task
+    learned = 0
+    for task in tasks:
+        trajectories = by_task.get(task.id, [])
+        if not trajectories:
+            continue
+        context = ms.TuneContext(mod=task.mod, target=target, task_name=task.name)
+        model.update(context, measure_candidates(task.mod, [t.actions for t in trajectories]),
+                     runner_results([t.latency for t in trajectories]))
+        learned += len(trajectories)
+    return learned
 
 
 def tune_layout_tasks(tasks, *, work_dir, target=None, rpc=None, seed: int = 0,
