@@ -63,6 +63,34 @@ def test_tiny_search_benchmark(tmp_path, tiny_model):
     assert empty.exit_code != 0
 
 
+def test_a_resumed_search_run_counts_the_time_of_every_invocation(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import cwm.tuning
+    from cwm.benchmarks.search import TUNING_TIME_FILE, _load_or_tune, _run_dir
+    from cwm.workloads import get_task
+
+    task = get_task("matmul:M=32,N=32,K=32")
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("killed mid-tune")
+
+    def finish(*args, **kwargs):
+        return SimpleNamespace(best={}, curve=[1.0], cost_model_seconds=2.0, trials=4)
+
+    monkeypatch.setattr(cwm.tuning, "tune", crash)
+    with pytest.raises(RuntimeError):
+        _load_or_tune(task, 4, "xgb", 0, tmp_path, None, None, None, 4, False)
+    run_dir = _run_dir(tmp_path, task, 4, "xgb", 0)
+    saved = json.loads((run_dir / TUNING_TIME_FILE).read_text())
+    assert saved["invocations"] == 1 and saved["cost_model_seconds"] == 0.0
+    saved["seconds"] = 100.0  # as if the killed invocation had run for 100 s
+    (run_dir / TUNING_TIME_FILE).write_text(json.dumps(saved))
+    monkeypatch.setattr(cwm.tuning, "tune", finish)
+    record = _load_or_tune(task, 4, "xgb", 0, tmp_path, None, None, None, 4, False)
+    assert record["invocations"] == 2 and record["wall_seconds"] >= 100.0 and record["cost_model_seconds"] == 2.0
+
+
 def test_bad_budget():
     from cwm.benchmarks.search import run_search_benchmark
     from cwm.errors import CwmError

@@ -233,6 +233,27 @@ def tune(
     return result
 
 
+def add_invocation_time(path: Path, seconds: float, cost_model_seconds: float = 0.0) -> dict:
+    """Add one (possibly crashed) invocation's seconds to the totals in ``path``, which are kept across
+    the resumed invocations of one run; returns the new totals."""
+    import json
+
+    from .database import atomic_write_text
+
+    prev = {}
+    if path.exists():
+        try:
+            prev = json.loads(path.read_text())
+        except (json.JSONDecodeError, OSError):
+            pass
+    total = {"seconds": float(prev.get("seconds", 0.0)) + seconds,
+             "cost_model_seconds": float(prev.get("cost_model_seconds", 0.0)) + cost_model_seconds,
+             "invocations": int(prev.get("invocations", 0)) + 1}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(total) + "\n")
+    return total
+
+
 def warm_start(model, work_dir, tasks, target) -> int:
     """Feed a cost model the valid records already in ``work_dir``, so that a resumed search
     continues with what the stopped one had learned; returns how many it learned."""

@@ -116,16 +116,9 @@ def _build_cached(mod_fn, db_dir, target, lib_path: Path, weights: str) -> dict:
 def _tune_timed(tasks, budget, work_dir: Path, cost_model, model_path, target, seed, per_iter, progress):
     """tune() of the compute tasks, then tune_layout_tasks() of the layout tasks, with the wall time
     accumulated across resumed invocations in the work directory. ``tasks``: all of the network's."""
-    from ..tuning import tune, tune_layout_tasks
+    from ..tuning import add_invocation_time, tune, tune_layout_tasks
     from ..workloads import tunable
 
-    time_file = work_dir / TUNING_TIME_FILE
-    prev = {"seconds": 0.0, "invocations": 0}
-    if time_file.exists():
-        try:
-            prev = json.loads(time_file.read_text())
-        except (json.JSONDecodeError, OSError):
-            pass
     start = time.time()
     try:
         result = tune([t for t in tasks if tunable(t)], trials=budget, work_dir=work_dir, cost_model=cost_model,
@@ -134,10 +127,7 @@ def _tune_timed(tasks, budget, work_dir: Path, cost_model, model_path, target, s
         tune_layout_tasks(tasks, work_dir=work_dir, target=target, seed=seed, progress=progress)
     finally:  # a crashed invocation's time counts too: its records stay in the database
         elapsed = time.time() - start
-        total = {"seconds": float(prev.get("seconds", 0.0)) + elapsed,
-                 "invocations": int(prev.get("invocations", 0)) + 1}
-        work_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(time_file, json.dumps(total) + "\n")
+        total = add_invocation_time(work_dir / TUNING_TIME_FILE, elapsed)
     return result, total["seconds"], elapsed
 
 

@@ -30,6 +30,7 @@ VARIANTS = ("cwm-initial", "cwm-finetune")
 # Trained once per work root and reused by later runs and by ``diagnose-search``.
 XGB_PRETRAINED_FILE = "xgb_pretrained.tar"
 INITIAL_MODEL_DIR = "cwm_initial_model"
+TUNING_TIME_FILE = "search_tuning_time.json"  # wall and cost-model seconds summed over resumed invocations
 
 # 12 subgraphs: matmul/dense, batch_matmul, conv2d, depthwise, reductions; several are in the
 # reference test split (held out from training).
@@ -54,7 +55,7 @@ def _run_dir(root: Path, task, budget: int, contender: str, seed: int) -> Path:
 
 
 def _load_or_tune(task, budget, contender, seed, root, model_path, xgb_path, initial_path, per_iter, progress):
-    from ..tuning import tune
+    from ..tuning import add_invocation_time, tune
 
     run_dir = _run_dir(root, task, budget, contender, seed)
     done = run_dir / "run.json"
@@ -62,17 +63,22 @@ def _load_or_tune(task, budget, contender, seed, root, model_path, xgb_path, ini
         return json.loads(done.read_text())
     path = {"cwm": model_path, "cwm-finetune": model_path, "cwm-initial": initial_path,
             "xgb-pretrained": xgb_path}.get(contender)
-    start = time.time()
-    result = tune(task, trials=budget, work_dir=run_dir, cost_model="cwm" if contender in VARIANTS else contender,
-                  model_path=path, seed=seed, num_trials_per_iter=per_iter, progress=progress,
-                  finetune_transition=contender == "cwm-finetune")
+    start, result = time.time(), None
+    try:
+        result = tune(task, trials=budget, work_dir=run_dir, cost_model="cwm" if contender in VARIANTS else contender,
+                      model_path=path, seed=seed, num_trials_per_iter=per_iter, progress=progress,
+                      finetune_transition=contender == "cwm-finetune")
+    finally:  # a stopped run's time counts when it is resumed: its records stay in the database
+        total = add_invocation_time(run_dir / TUNING_TIME_FILE, time.time() - start,
+                                    result.cost_model_seconds if result else 0.0)
     record = {
         "task": task.name, "contender": contender, "seed": seed, "budget": budget,
         "db_best_seconds": result.best[task.id]["latency"] if task.id in result.best else None,
         "best_trace": result.best.get(task.id, {}).get("trace"),
         "curve": result.curve,
-        "wall_seconds": time.time() - start,
-        "cost_model_seconds": result.cost_model_seconds,
+        "wall_seconds": total["seconds"],
+        "cost_model_seconds": total["cost_model_seconds"],
+        "invocations": total["invocations"],
         "trials": result.trials,
         "num_trials_per_iter": per_iter,
     }
