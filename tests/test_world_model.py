@@ -211,7 +211,7 @@ def test_eight_trial_tune_gives_a_valid_database(cost_model, tiny_model, tmp_pat
                   num_trials_per_iter=8, progress=False)
     raw = load_raw(tmp_path)
     assert len(raw.records) == 8 and sum(r.valid for r in raw.records) >= 6
-    assert result.best[task.id]["latency"] > 0
+    assert result.best[task.id]["latency"] > 0 and result.resumed_records == 0  # a fresh run learns nothing first
     assert (tmp_path / "report.json").exists() and (tmp_path / "best_so_far.png").exists()
 
 
@@ -233,9 +233,6 @@ def test_resumed_tune_warm_starts_its_cost_model(tiny_model, tmp_path):
     assert len(cwm.inner.measured[task.id]["latency"]) == valid
     resumed = tune(task, trials=8, work_dir=tmp_path, cost_model="xgb", num_trials_per_iter=4, progress=False)
     assert resumed.resumed_records == valid and len(load_raw(tmp_path).records) == 8
-    # A fresh run has nothing to learn first.
-    fresh = tune(task, trials=4, work_dir=tmp_path / "fresh", cost_model="xgb", num_trials_per_iter=4, progress=False)
-    assert fresh.resumed_records == 0
 
 
 def test_tune_a_tvmscript_file(tiny_model, tmp_path):
