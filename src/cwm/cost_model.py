@@ -275,6 +275,13 @@ def xgb_scores(model, mod, actions_list, target, task_name: str = "main") -> np.
     return np.asarray(model.predict(context, measure_candidates(mod, actions_list)))
 
 
+def learn_trajectories(model, mod, trajectories, target, task_name: str = "main") -> None:
+    """One MetaSchedule cost-model update with measured trajectories of ``mod`` (valid ones)."""
+    context = ms.TuneContext(mod=mod, target=target, task_name=task_name)
+    model.update(context, measure_candidates(mod, [t.actions for t in trajectories]),
+                 runner_results([t.latency for t in trajectories]))
+
+
 def runner_results(latencies) -> list:
     return [ms.runner.RunnerResult(run_secs=[float(x)], error_msg=None) for x in latencies]
 
@@ -287,9 +294,6 @@ def pretrain_xgb(ds, target, seed: int = 0, progress: bool = True):
     model = ms.cost_model.XGBModel(config=XGBConfig(seed=seed), adaptive_training=False, verbose_eval=10**6)
     for tid, trajs in tqdm(sorted(ds.by_task.items()), desc="xgb-static features", disable=not progress):
         trajs = [t for t in trajs if t.valid]
-        if not trajs:
-            continue
-        ctx = ms.TuneContext(mod=ds.modules[tid], target=target, task_name=tid)
-        cands = measure_candidates(ds.modules[tid], [t.actions for t in trajs])
-        model.update(ctx, cands, runner_results([t.latency for t in trajs]))
+        if trajs:
+            learn_trajectories(model, ds.modules[tid], trajs, target, tid)
     return model

@@ -236,10 +236,6 @@ def tune(
 def add_invocation_time(path: Path, seconds: float, cost_model_seconds: float = 0.0) -> dict:
     """Add one (possibly crashed) invocation's seconds to the totals in ``path``, which are kept across
     the resumed invocations of one run; returns the new totals."""
-    import json
-
-    from .database import atomic_write_text
-
     prev = {}
     if path.exists():
         try:
@@ -257,21 +253,16 @@ def add_invocation_time(path: Path, seconds: float, cost_model_seconds: float = 
 def warm_start(model, work_dir, tasks, target) -> int:
     """Feed a cost model the valid records already in ``work_dir``, so that a resumed search
     continues with what the stopped one had learned; returns how many it learned."""
-    import tvm.s_tir.meta_schedule as ms
-
-    from .cost_model import measure_candidates, runner_results
+    from .cost_model import learn_trajectories
     from .dataset import load_dataset
 
     by_task = load_dataset(work_dir).valid().by_task
     learned = 0
     for task in tasks:
         trajectories = by_task.get(task.id, [])
-        if not trajectories:
-            continue
-        context = ms.TuneContext(mod=task.mod, target=target, task_name=task.name)
-        model.update(context, measure_candidates(task.mod, [t.actions for t in trajectories]),
-                     runner_results([t.latency for t in trajectories]))
-        learned += len(trajectories)
+        if trajectories:
+            learn_trajectories(model, task.mod, trajectories, target, task.name)
+            learned += len(trajectories)
     return learned
 
 
