@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import time
 
 import numpy as np
@@ -47,6 +49,23 @@ def _positive_scores(raw: np.ndarray) -> np.ndarray:
         return raw.astype(np.float32)
     z = (raw - raw.mean()) / (raw.std() + 1e-9)
     return np.exp(np.clip(z - z.max(), -20.0, 0.0)).astype(np.float32)
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """Pause the cyclic garbage collector while candidates are scored.
+
+    Decoding thousands of traces allocates millions of small lists and dicts, which triggers
+    full collections that walk the whole heap (TVM, torch, the model): measured at ~85% of the
+    decoding time. The scoring code makes no reference cycles worth collecting mid-batch.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 @derived_object
@@ -126,14 +145,16 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
     def predict(self, context, candidates) -> np.ndarray:
         if not candidates:
             return np.zeros(0, dtype=np.float32)
-        tid, X = self._features(context, candidates)
+        with gc_paused():
+            tid, X = self._features(context, candidates)
         ranker = self.adapted.get(tid, self.model.ranker)
         return _positive_scores(ranker.predict(X))
 
     def update(self, context, candidates, results) -> None:
         if not self.online or not candidates:
             return
-        tid, X = self._features(context, candidates)
+        with gc_paused():
+            tid, X = self._features(context, candidates)
         store = self.measured.setdefault(tid, {"X": [], "latency": []})
         valid = []
         for i, (row, res) in enumerate(zip(X, results)):
