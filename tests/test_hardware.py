@@ -52,3 +52,14 @@ def test_cuda_target_description():
 def test_bad_target(spec):
     with pytest.raises(CwmError):
         make_target(spec)
+
+
+def test_machine_difference_names_what_differs():
+    from cwm.hardware import machine_difference
+
+    zen5 = {"kind": "cpu", "mcpu": "znver5", "simd_bits": 512, "l2_kb": 1024}
+    assert machine_difference(zen5, dict(zen5, l2_kb=512)) is None  # cache sizes alone do not count
+    assert machine_difference(zen5, dict(zen5, mcpu="znver3", simd_bits=256)) == \
+        "mcpu znver5 -> znver3, simd_bits 512 -> 256"
+    assert machine_difference(zen5, {"kind": "cuda", "mcpu": ""}) == "kind cpu -> cuda"
+    assert machine_difference(None, zen5) is None and machine_difference(zen5, {}) is None

@@ -201,6 +201,53 @@ def test_cost_model_feature_cache_matches_fresh_features(tiny_model, multi_db):
     assert np.array_equal(bounded, first) and len(cm._rows) <= len(cands)
 
 
+def test_scoring_pauses_the_garbage_collector_and_restores_it(tiny_model, multi_db, monkeypatch):
+    import gc
+
+    from cwm.cost_model import WorldModelCostModel, gc_paused
+    from cwm.world_model import WorldModel
+
+    _, _, cands, ctx = _first_task_candidates(multi_db)
+    cm = WorldModelCostModel(WorldModel.load(tiny_model))
+    seen = []
+    features = cm.model.features
+    monkeypatch.setattr(cm.model, "features", lambda *a, **k: seen.append(gc.isenabled()) or features(*a, **k))
+    assert gc.isenabled()
+    cm.predict(ctx, cands)
+    assert seen == [False] and gc.isenabled()
+    # a failure inside still re-enables it, and a collector the caller had disabled stays disabled
+    with pytest.raises(ZeroDivisionError), gc_paused():
+        1 / 0
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_cost_model_warns_once_when_the_model_was_trained_on_another_machine(tiny_model, multi_db, caplog):
+    import dataclasses
+
+    from cwm.cost_model import WorldModelCostModel
+    from cwm.world_model import WorldModel
+
+    _, _, cands, ctx = _first_task_candidates(multi_db)
+    here = WorldModelCostModel(WorldModel.load(tiny_model))  # the tiny model was trained on this machine
+    with caplog.at_level("WARNING", logger="cwm"):
+        here.predict(ctx, cands)
+    assert "another machine" not in caplog.text
+    model = WorldModel.load(tiny_model)
+    model.config = dataclasses.replace(model.config, hardware=dict(model.config.hardware, mcpu="other-cpu"))
+    elsewhere = WorldModelCostModel(model)
+    with caplog.at_level("WARNING", logger="cwm"):
+        elsewhere.predict(ctx, cands)
+        elsewhere.predict(ctx, cands)
+    assert caplog.text.count("another machine") == 1 and "-> " in caplog.text
+
+
 @pytest.mark.parametrize("cost_model", ["cwm", "xgb", "random"])
 def test_eight_trial_tune_gives_a_valid_database(cost_model, tiny_model, tmp_path):
     from cwm.database import load_raw

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import time
 
 import numpy as np
@@ -11,6 +12,8 @@ import tvm.s_tir.meta_schedule as ms
 from tvm.ir.utils import derived_object
 
 from .errors import CwmError
+
+log = logging.getLogger(__name__)
 
 
 @derived_object
@@ -114,9 +117,16 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
 
     def _hardware(self, context) -> dict | None:
         if self.hardware is None and context.target is not None:
-            from .hardware import hardware_for_target
+            from .hardware import hardware_for_target, machine_difference
 
             self.hardware = hardware_for_target(context.target).as_json()
+            difference = machine_difference(self.model.config.hardware, self.hardware)
+            if difference:
+                # Its pretrained ranking encodes the training machine's preferences; they need not
+                # hold here (README: hardware transfer), and the online updates only see what it picks.
+                log.warning("the world model was trained on measurements from another machine (%s); its "
+                            "ranking may not transfer: `cwm collect` and `cwm train` on this machine give it "
+                            "measurements of its own", difference)
         return self.hardware
 
     def _features(self, context, candidates) -> tuple[str, np.ndarray]:

@@ -218,14 +218,19 @@ def evaluator_throughput(model, xgb, ds, target, batch: int, reps: int = 3) -> d
     import tvm.s_tir.meta_schedule as ms
 
     from .actions import actions_from_trace_json, trace_json_from_text, trace_json_text
-    from .cost_model import WorldModelCostModel, measure_candidates
+    from .cost_model import WorldModelCostModel, gc_paused, measure_candidates
 
-    def best_us(fn, n):
+    def best_us(fn, n, paused=False):
+        """``paused``: a stage of cwm's predict, timed as predict runs it (collector paused)."""
         runs = []
         for _ in range(reps):
             cwm_model._rows.clear()  # time the cold path: no candidate's features are cached
             t = time.perf_counter()
-            result = fn()
+            if paused:
+                with gc_paused():
+                    result = fn()
+            else:
+                result = fn()
             runs.append(time.perf_counter() - t)
         return result, min(runs) / n * 1e6
 
@@ -243,11 +248,11 @@ def evaluator_throughput(model, xgb, ds, target, batch: int, reps: int = 3) -> d
         cwm_model.predict(ctx, cands[:2])  # E(s0) is computed once per task; count only per-candidate work
         xgb.predict(ctx, cands[:2])
         traces = [c.sch.trace for c in cands]
-        texts, serialize = best_us(lambda: [trace_json_text(tr) for tr in traces], n)
+        texts, serialize = best_us(lambda: [trace_json_text(tr) for tr in traces], n, paused=True)
         decoded, decode = best_us(lambda: [actions_from_trace_json(trace_json_from_text(g, tr))
-                                           for g, tr in zip(texts, traces)], n)
-        X, features = best_us(lambda: model.features(ds.initial_states[tid], decoded, ds.hardware), n)
-        _, rank = best_us(lambda: model.ranker.predict(X), n)
+                                           for g, tr in zip(texts, traces)], n, paused=True)
+        X, features = best_us(lambda: model.features(ds.initial_states[tid], decoded, ds.hardware), n, paused=True)
+        _, rank = best_us(lambda: model.ranker.predict(X), n, paused=True)
         _, cwm_total = best_us(lambda: cwm_model.predict(ctx, cands), n)
         _, xgb_total = best_us(lambda: xgb.predict(ctx, cands), n)
         per_task[ds.tasks[tid].name] = {

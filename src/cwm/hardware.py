@@ -178,6 +178,17 @@ def make_target(spec: str | dict | None = None):
         raise CwmError(f"invalid target {json.dumps(spec)}: {first}") from err
 
 
+def machine_difference(trained: dict | None, here: dict | None) -> str | None:
+    """How the machine a model was trained on differs from this one (kind, LLVM CPU, SIMD
+    width), as text; None when they agree or either is unknown."""
+    if not trained or not here:
+        return None
+    diffs = [f"{key} {trained.get(key)} -> {here.get(key)}" for key in ("kind", "mcpu", "simd_bits")
+             if trained.get(key) not in (None, "") and here.get(key) not in (None, "")
+             and trained.get(key) != here.get(key)]
+    return ", ".join(diffs) or None
+
+
 def hardware_for_target(target) -> HardwareInfo:
     if target.kind.name == "cuda":
         hw = cuda_hardware()
