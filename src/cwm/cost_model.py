@@ -123,7 +123,7 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
             difference = machine_difference(self.model.config.hardware, self.hardware)
             if difference:
                 # Its pretrained ranking encodes the training machine's preferences; they need not
-                # hold here (README: hardware transfer), and the online updates only see what it picks.
+                # hold here (README: the Zen 3 search), and the online updates only see what it picks.
                 log.warning("the world model was trained on measurements from another machine (%s); its "
                             "ranking may not transfer: `cwm collect` and `cwm train` on this machine give it "
                             "measurements of its own", difference)

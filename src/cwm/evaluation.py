@@ -10,6 +10,7 @@ Contenders, all trained on the same training records:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -226,10 +227,7 @@ def evaluator_throughput(model, xgb, ds, target, batch: int, reps: int = 3) -> d
         for _ in range(reps):
             cwm_model._rows.clear()  # time the cold path: no candidate's features are cached
             t = time.perf_counter()
-            if paused:
-                with gc_paused():
-                    result = fn()
-            else:
+            with gc_paused() if paused else contextlib.nullcontext():
                 result = fn()
             runs.append(time.perf_counter() - t)
         return result, min(runs) / n * 1e6
