@@ -135,36 +135,35 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
 
         from .actions import actions_from_trace_json, trace_json_from_text, trace_json_text
 
-        tid, text = self._task(context)
-        traces = [trace_json_text(c.sch.trace) for c in candidates]
-        keys = [(tid, hashlib.blake2b(t.encode(), digest_size=16).digest()) for t in traces]
-        missing = {}
-        for i, k in enumerate(keys):
-            if k not in self._rows and k not in missing:
-                missing[k] = i
-        if missing:
-            actions = [actions_from_trace_json(trace_json_from_text(traces[i], candidates[i].sch.trace))
-                       for i in missing.values()]
-            new = self.task_models.get(tid, self.model).features(text, actions, self._hardware(context))
-            if len(self._rows) + len(missing) > self.max_cached_rows:
-                # Bounded memory: drop the cache, but keep the rows this batch still needs.
-                self._rows = {k: self._rows[k] for k in keys if k in self._rows}
-            self._rows.update(zip(missing, new))
+        with gc_paused():  # every candidate decoded here: see gc_paused
+            tid, text = self._task(context)
+            traces = [trace_json_text(c.sch.trace) for c in candidates]
+            keys = [(tid, hashlib.blake2b(t.encode(), digest_size=16).digest()) for t in traces]
+            missing = {}
+            for i, k in enumerate(keys):
+                if k not in self._rows and k not in missing:
+                    missing[k] = i
+            if missing:
+                actions = [actions_from_trace_json(trace_json_from_text(traces[i], candidates[i].sch.trace))
+                           for i in missing.values()]
+                new = self.task_models.get(tid, self.model).features(text, actions, self._hardware(context))
+                if len(self._rows) + len(missing) > self.max_cached_rows:
+                    # Bounded memory: drop the cache, but keep the rows this batch still needs.
+                    self._rows = {k: self._rows[k] for k in keys if k in self._rows}
+                self._rows.update(zip(missing, new))
         return tid, np.stack([self._rows[k] for k in keys])
 
     def predict(self, context, candidates) -> np.ndarray:
         if not candidates:
             return np.zeros(0, dtype=np.float32)
-        with gc_paused():
-            tid, X = self._features(context, candidates)
+        tid, X = self._features(context, candidates)
         ranker = self.adapted.get(tid, self.model.ranker)
         return _positive_scores(ranker.predict(X))
 
     def update(self, context, candidates, results) -> None:
         if not self.online or not candidates:
             return
-        with gc_paused():
-            tid, X = self._features(context, candidates)
+        tid, X = self._features(context, candidates)
         store = self.measured.setdefault(tid, {"X": [], "latency": []})
         valid = []
         for i, (row, res) in enumerate(zip(X, results)):
