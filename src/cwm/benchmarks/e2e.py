@@ -292,11 +292,11 @@ def _benchmark_network(name, model, inputs, *, target, config, out_dir, work_roo
              # A resumed benchmark measures the peak again; each network keeps the one its roofline used.
              "peak_matmul_gflops": peak[0], "peak_matmul_gflops_best": peak[1]}
 
-    # 1. Tuning, the same budget for every cost model and seed.
-    tune_results: dict[str, dict[int, object]] = {}
-    for cm in cost_models:
-        tune_results[cm] = {}
-        for seed in seeds:
+    # 1. Tuning, the same budget for every cost model and seed. Seed-major, so the cost models
+    # alternate in time (machine drift hits both) and an interrupted run leaves complete seed pairs.
+    tune_results: dict[str, dict[int, object]] = {cm: {} for cm in cost_models}
+    for seed in seeds:
+        for cm in cost_models:
             wd = work_root / name / cm / f"seed{seed}"
             if not tasks:
                 continue
