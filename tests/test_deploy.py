@@ -339,6 +339,33 @@ def test_e2e_tuning_time_survives_a_crash(tmp_path, monkeypatch):
     assert saved["invocations"] == 2 and saved["seconds"] >= 100.0
 
 
+def test_e2e_tunes_seed_major_so_cost_models_alternate(tmp_path, monkeypatch, target):
+    """xgb s0, random s0, xgb s1, ...: machine drift hits every cost model alike, and an
+    interrupted benchmark leaves complete seed pairs."""
+    import types
+
+    import cwm.benchmarks.e2e as e2e
+
+    calls = []
+
+    class Stop(Exception):
+        pass
+
+    def tune_timed(tasks, budget, work_dir, cost_model, model_path, target, seed, per_iter, progress):
+        calls.append((cost_model, seed))
+        if len(calls) == 3:
+            raise Stop  # the order of the calls is the point; nothing is tuned
+        return types.SimpleNamespace(weighted_latency=None, best={}), 0.0, 0.0
+
+    monkeypatch.setattr(e2e, "_tune_timed", tune_timed)
+    model, inputs = _mlp()
+    with pytest.raises(Stop):
+        e2e.run_e2e_benchmark([("mlp", model, inputs)], tmp_path / "out", trials_per_task=4, seeds=(0, 1),
+                              cost_models=("xgb", "random"), work_root=tmp_path / "work", progress=False,
+                              target=target, peak_n=64, torch_compile=False)
+    assert calls == [("xgb", 0), ("random", 0), ("xgb", 1)]
+
+
 def test_e2e_markdown_names_each_networks_peak():
     from cwm.benchmarks.e2e import markdown
 
