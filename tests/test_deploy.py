@@ -260,9 +260,10 @@ def test_timing_helpers_interleave_and_report_medians():
     calls = []
     timings, errors = time_interleaved(
         {"a": lambda: calls.append("a"), "b": lambda: calls.append("b"), "bad": lambda: 1 / 0},
-        runs=4, warmup=1)
+        runs=4, warmup=1, block=2, settle_s=0)
     assert set(timings) == {"a", "b"} and "ZeroDivisionError" in errors["bad"]
-    assert calls[2:] == ["a", "b", "b", "a", "a", "b", "b", "a"]  # round-robin, rotating order
+    # Rotating blocks: an untimed call, then two timed ones, per contender and round.
+    assert calls[2:] == ["a"] * 3 + ["b"] * 3 + ["b"] * 3 + ["a"] * 3
     assert timings["a"].runs == 4 and timings["a"].median_s >= 0
     assert peak_matmul_gflops(n=128, runs=5) > 0
 
@@ -270,13 +271,16 @@ def test_timing_helpers_interleave_and_report_medians():
     import time
 
     timings, _ = time_interleaved({"slow": lambda: time.sleep(0.02), "fast": lambda: None},
-                                  runs=12, warmup=1, max_seconds=0.05, min_runs=3)
+                                  runs=12, warmup=1, max_seconds=0.05, min_runs=3, settle_s=0)
     assert timings["slow"].runs == 3 and timings["fast"].runs == 12
-    # A call over a tenth of max_seconds ends the warm-up and counts as a timed call.
+    # A call over a tenth of max_seconds ends the warm-up, counts as a timed call, and such a
+    # contender gets no untimed call per block.
     calls.clear()
     timings, _ = time_interleaved({"slow": lambda: (calls.append(1), time.sleep(0.06))},
-                                  runs=12, warmup=3, max_seconds=0.1, min_runs=2)
+                                  runs=12, warmup=3, max_seconds=0.1, min_runs=2, settle_s=0)
     assert len(calls) == 2 and timings["slow"].runs == 2
+    with pytest.raises(CwmError, match="block"):
+        time_interleaved({"a": lambda: None}, block=0)
 
 
 def test_e2e_benchmark_tiny_mode(mlp_build, tmp_path, target):

@@ -4,8 +4,8 @@ For each network: tune its compute tasks with each cost model under the same bud
 (``trials_per_task`` x number of compute tasks, MetaSchedule's gradient task scheduler) and its
 layout tasks with ``LAYOUT_TRIALS_PER_TASK`` trials each, build
 the untuned and tuned libraries, check each against PyTorch, then time PyTorch eager,
-``torch.compile`` (inductor), TVM untuned and TVM tuned per cost model, interleaved round-robin,
-median of ``runs`` calls. Also records the tuning wall time and a roofline: the GFLOP/s of the
+``torch.compile`` (inductor), TVM untuned and TVM tuned per cost model in rotating blocks
+(``deploy.time_interleaved``), median of ``runs`` calls. Also records the tuning wall time and a roofline: the GFLOP/s of the
 best tuned kernels of the largest compute-bound tasks as a fraction of a measured torch matmul peak.
 
 Everything is resumable: tuning resumes from each work directory's database, libraries are
@@ -152,11 +152,12 @@ def _roofline(tasks, tune_results: dict, peak: tuple[float, float], top: int) ->
 
 
 def _config(trials_per_task, seeds, cost_models, runs, target, peak_n=1024) -> dict:
+    from ..deploy import TIMING_BLOCK
     from ..workloads.networks import LAYOUT_TRIALS_PER_TASK
 
     return {"trials_per_task": trials_per_task, "layout_trials_per_task": LAYOUT_TRIALS_PER_TASK,
             "seeds": list(seeds), "cost_models": list(cost_models), "runs": runs, "target": str(target),
-            "peak_n": peak_n}
+            "peak_n": peak_n, "timing_block": TIMING_BLOCK}
 
 
 def run_e2e_benchmark(
@@ -411,7 +412,8 @@ def markdown(summary: dict) -> str:
         "# End-to-end latency against PyTorch",
         "",
         f"Batch 1, fp32, {summary['host']['threads']} threads on {summary['host']['cpu']}; median of "
-        f"{cfg['runs']} interleaved runs (a contender slower than 2 s a call: at least 3 runs, about "
+        f"{cfg['runs']} runs, in blocks of {cfg.get('timing_block', 1)} calls per contender, interleaved "
+        f"(a contender slower than 2 s a call: at least 3 runs, about "
         f"{TIMING_BUDGET_S:.0f} s; `timing` in e2e.json has each count). Tuning budget per cost model and "
         f"seed (seeds {cfg['seeds']}): {cfg['trials_per_task']} trials x compute task, plus "
         f"{cfg.get('layout_trials_per_task', 0)} trials x layout task (reshape, transpose and other moves). "
