@@ -189,6 +189,52 @@ def test_bool_mask_ops_compile_and_match_torch(tmp_path, target):
     assert check_against_torch(model, (x,), out)["max_abs_diff"] == 0.0
 
 
+class _Activations(torch.nn.Module):
+    """Every op ``rewrite_fast_math`` touches, plus a power it must leave alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        y = self.linear(x) * 4  # spread the inputs over erf's and tanh's curved range
+        gelu_new = 0.5 * y * (1 + torch.tanh(0.7978845608 * (y + 0.044715 * torch.pow(y, 3.0))))
+        return (torch.nn.functional.gelu(y), torch.nn.functional.gelu(y, approximate="tanh"), torch.erf(y),
+                gelu_new, torch.pow(y, 2.0), torch.pow(y.abs(), 2.5))
+
+
+def test_fast_math_removes_libm_calls_and_matches_torch(tmp_path, target):
+    """GELU, erf, tanh and x**2, x**3 become vectorizable code within a few ulp of PyTorch."""
+    from cwm.deploy import (build_network, check_against_torch, load_and_run, relax_from_torch, relax_op_counts,
+                            rewrite_fast_math)
+
+    torch.manual_seed(0)
+    model, x = _Activations().eval(), torch.randn(4, 16)
+    mod = relax_from_torch(model, (x,), target)
+    before = relax_op_counts(mod)
+    assert before["relax.nn.gelu"] == before["relax.nn.gelu_tanh"] == before["relax.erf"] == 1
+    assert before["relax.tanh"] == 1 and before["relax.power"] == 3
+    after = relax_op_counts(rewrite_fast_math(mod))
+    for op in ("relax.nn.gelu", "relax.nn.gelu_tanh", "relax.erf", "relax.tanh"):
+        assert op not in after
+    assert after["relax.power"] == 1  # x ** 2.5 stays a pow
+    assert after["relax.call_tir"] == 4
+    result = build_network(mod, None, target, tmp_path / "act.so")
+    out = load_and_run(result.lib_path, [x.numpy()])
+    diffs = [np.abs(o - r.detach().numpy()).max() / max(1.0, np.abs(r.detach().numpy()).max())
+             for o, r in zip(out, model(x))]
+    assert max(diffs) < 1e-6, diffs
+    check_against_torch(model, (x,), out, rtol=1e-6, atol=1e-6, relative_atol=True)
+
+
+def test_fast_math_leaves_other_modules_alone(target):
+    from cwm.deploy import relax_from_torch, rewrite_fast_math
+
+    model, (x,) = _mlp()
+    mod = relax_from_torch(model, (x,), target)
+    assert rewrite_fast_math(mod) is mod
+
+
 def test_load_and_run_rejects_wrong_inputs(mlp_build):
     from cwm.deploy import load_and_run
 
@@ -281,6 +327,20 @@ def test_timing_helpers_interleave_and_report_medians():
     assert len(calls) == 2 and timings["slow"].runs == 2
     with pytest.raises(CwmError, match="block"):
         time_interleaved({"a": lambda: None}, block=0)
+
+
+def test_a_single_contender_is_timed_without_pauses_or_untimed_calls(monkeypatch):
+    from cwm import deploy
+
+    pauses, calls = [], []
+    monkeypatch.setattr(deploy.time, "sleep", pauses.append)
+    timings, _ = deploy.time_interleaved({"only": lambda: calls.append(1)}, runs=4, warmup=1, block=2,
+                                         settle_s=0.5)
+    assert len(calls) == 1 + 4 and timings["only"].runs == 4 and not pauses
+    calls.clear()
+    deploy.time_interleaved({"a": lambda: calls.append(1), "b": lambda: None}, runs=4, warmup=1, block=2,
+                            settle_s=0.5)
+    assert len(calls) == 1 + 2 * (1 + 2) and pauses == [0.5] * 4
 
 
 def test_e2e_benchmark_tiny_mode(mlp_build, tmp_path, target):
