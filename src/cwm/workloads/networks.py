@@ -147,15 +147,6 @@ def relax_module(name: str, target, *, bind_params: bool = True):
     return relax_from_torch(model, inputs, target, bind_params=bind_params)
 
 
-def fuse(mod, target):
-    """Legalize and fuse a Relax module into TIR subgraphs (the tasks)."""
-    import tvm
-    from tvm import relax
-
-    with target:
-        return relax.get_pipeline("zero")(mod)
-
-
 def _tidy(task_name: str) -> str:
     """Readable task name: drop the numeric suffixes Relax adds to fused op names."""
     return re.sub(r"(?<=[a-z_])\d+(?=_|$)", "", task_name)
@@ -165,27 +156,12 @@ def _tidy(task_name: str) -> str:
 def _network_tasks_cached(name: str, target_json: str) -> tuple[Task, ...]:
     import json
 
-    import tvm.s_tir.meta_schedule as ms
     from tvm.target import Target
 
+    from ..deploy import extract_tasks  # the tasks `cwm build` applies the database to
+
     target = Target(json.loads(target_json))
-    mod = fuse(relax_module(name, target), target)
-    extracted = ms.relax_integration.extract_tasks(mod, target)
-    tasks = []
-    for ext in extracted:
-        (dispatched,) = ext.dispatched[:1]
-        tasks.append(
-            Task(
-                name=f"{name}/{ext.task_name}",
-                mod=dispatched,
-                weight=float(ext.weight),
-                network=name,
-                kind="",
-            )
-        )
-    for t in tasks:
-        t.kind = _kind_for(t)
-    return tuple(tasks)
+    return tuple(extract_tasks(relax_module(name, target), target, network=name))
 
 
 def _kind_for(task: Task) -> str:
