@@ -220,6 +220,8 @@ def test_fast_math_removes_libm_calls_and_matches_torch(tmp_path, target):
     assert after["relax.power"] == 1  # x ** 2.5 stays a pow
     assert after["relax.call_tir"] == 4
     result = build_network(mod, None, target, tmp_path / "act.so")
+    assert result.fast_math == {"relax.nn.gelu": 1, "relax.nn.gelu_tanh": 1, "relax.erf": 1, "relax.tanh": 1,
+                                "relax.power": 2}
     out = load_and_run(result.lib_path, [x.numpy()])
     diffs = [np.abs(o - r.detach().numpy()).max() / max(1.0, np.abs(r.detach().numpy()).max())
              for o, r in zip(out, model(x))]

@@ -155,6 +155,17 @@ def rewrite_bool_ops(mod):
     return rewriter.builder_.get()
 
 
+FAST_MATH_OPS = ("relax.nn.gelu", "relax.nn.gelu_tanh", "relax.erf", "relax.tanh", "relax.power")
+# Bump when fused_module changes which subgraphs a network has: cached builds keyed on it are stale.
+PIPELINE_VERSION = 2  # 2: rewrite_fast_math
+
+
+def fast_math_counts(mod) -> dict[str, int]:
+    """How many calls of each op ``rewrite_fast_math`` replaces in ``mod``."""
+    before, after = relax_op_counts(mod), relax_op_counts(rewrite_fast_math(mod))
+    return {op: before[op] - after.get(op, 0) for op in FAST_MATH_OPS if before.get(op, 0) > after.get(op, 0)}
+
+
 def _small_power(call) -> int | None:
     """The exponent of ``R.power(x, c)`` when ``c`` is the scalar constant 2 or 3, else None."""
     from tvm.ir.expr import GenericConst
@@ -279,6 +290,7 @@ class BuildResult:
     seconds: float = 0.0
     signature: dict = field(default_factory=dict)  # {"inputs": [...], "outputs": [...]}
     relax_ops: dict = field(default_factory=dict)  # Relax operator counts before fusion
+    fast_math: dict = field(default_factory=dict)  # calls replaced by rewrite_fast_math, per op
     executable: object = field(default=None, repr=False)
 
     @property
@@ -299,6 +311,7 @@ class BuildResult:
             "seconds": round(self.seconds, 2),
             "signature": self.signature,
             "relax_ops": self.relax_ops,
+            "fast_math": self.fast_math,
         }
 
 
@@ -521,7 +534,7 @@ def build_network(module_or_name, db_dir=None, target=None, out_path=None) -> Bu
     result = BuildResult(
         lib_path=None, target=str(target), db_dir=db_dir, total_tasks=len(groups), tuned_tasks=len(tuned),
         missing=missing, tuned=tuned, other_target=sorted(other), skipped_records=dropped,
-        signature=signature, relax_ops=relax_ops, executable=executable,
+        signature=signature, relax_ops=relax_ops, fast_math=fast_math_counts(mod), executable=executable,
     )
     if out_path is not None:
         out_path = Path(out_path)

@@ -93,9 +93,9 @@ def _weights_fingerprint(model) -> str:
 
 def _build_cached(mod_fn, db_dir, target, lib_path: Path, weights: str) -> dict:
     """build_network, unless ``lib_path`` exists and was built from the same weights and database state."""
-    from ..deploy import build_network, sidecar_path
+    from ..deploy import PIPELINE_VERSION, build_network, sidecar_path
 
-    fp = [weights, _db_fingerprint(db_dir)]
+    fp = [weights, _db_fingerprint(db_dir), PIPELINE_VERSION]
     side = sidecar_path(lib_path)
     if lib_path.exists() and side.exists():
         try:
@@ -321,7 +321,7 @@ def _benchmark_network(name, model, inputs, *, target, config, out_dir, work_roo
     for key, (path, db) in libs.items():
         meta = _build_cached(mod_fn, db, target, path, weights)
         entry["builds"][key] = {k: meta.get(k) for k in ("lib_path", "total_tasks", "tuned_tasks", "missing",
-                                                          "seconds", "cached")}
+                                                          "fast_math", "seconds", "cached")}
 
     # 3. Correctness against PyTorch.
     tol = deploy.tolerance_for(model)
