@@ -109,6 +109,37 @@ def _dtype_of(expr) -> str | None:
     return None if dtype is None else str(dtype)
 
 
+def _rewrite_calls(mod, rewrite, what: str):
+    """Apply ``rewrite(builder, call)`` bottom-up to every call in the module's Relax functions.
+
+    ``rewrite`` returns the replacement expression, or None to keep the call. Returns ``mod``
+    itself (the same object) when nothing was replaced.
+    """
+    from tvm import relax
+    from tvm.relax import PyExprMutator, expr_functor
+
+    changed = []
+
+    @expr_functor.mutator
+    class Rewriter(PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            new = rewrite(self.builder_, call)
+            if new is None:
+                return call
+            changed.append(call.op.name)
+            return new
+
+    rewriter = Rewriter(mod)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+    if not changed:
+        return mod
+    log.debug("%s: rewrote %d op(s): %s", what, len(changed), sorted(set(changed)))
+    return rewriter.builder_.get()
+
+
 def rewrite_bool_ops(mod):
     """Work around two bool-tensor gaps of TVM 0.27 that stop GPT-2 from compiling on CPU.
 
@@ -123,36 +154,21 @@ def rewrite_bool_ops(mod):
     other models come back unchanged.
     """
     from tvm import relax
-    from tvm.relax import PyExprMutator, expr_functor
 
     text = mod.script()
     if "R.cumsum" not in text and not any(op in text for op in ("R.equal", "R.not_equal", "R.less", "R.greater")):
         return mod
-    changed = []
 
-    @expr_functor.mutator
-    class Rewriter(PyExprMutator):
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            op = getattr(call.op, "name", None)
-            if op == "relax.cumsum" and _dtype_of(call.args[0]) == "bool" and _dtype_of(call) in (None, "bool"):
-                changed.append(op)
-                attrs = call.attrs
-                return relax.op.cumsum(call.args[0], axis=attrs.axis, dtype="int64",
-                                       exclusive=bool(attrs.exclusive))
-            if op in _COMPARE_OPS and all(_dtype_of(a) == "bool" for a in call.args):
-                changed.append(op)
-                return relax.Call(call.op, [relax.op.astype(a, "int8") for a in call.args], call.attrs)
-            return call
+    def rewrite(builder, call):
+        op = getattr(call.op, "name", None)
+        if op == "relax.cumsum" and _dtype_of(call.args[0]) == "bool" and _dtype_of(call) in (None, "bool"):
+            attrs = call.attrs
+            return relax.op.cumsum(call.args[0], axis=attrs.axis, dtype="int64", exclusive=bool(attrs.exclusive))
+        if op in _COMPARE_OPS and all(_dtype_of(a) == "bool" for a in call.args):
+            return relax.Call(call.op, [relax.op.astype(a, "int8") for a in call.args], call.attrs)
+        return None
 
-    rewriter = Rewriter(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-    if not changed:
-        return mod
-    log.debug("rewrote %d bool op(s): %s", len(changed), sorted(set(changed)))
-    return rewriter.builder_.get()
+    return _rewrite_calls(mod, rewrite, "bool ops")
 
 
 FAST_MATH_OPS = ("relax.nn.gelu", "relax.nn.gelu_tanh", "relax.erf", "relax.tanh", "relax.power")
@@ -193,7 +209,6 @@ def rewrite_fast_math(mod):
     import math as _math
 
     from tvm import relax, te, tirx, topi
-    from tvm.relax import PyExprMutator, expr_functor
 
     def gelu(x: te.Tensor):
         half = tirx.const(0.5, x.dtype)
@@ -206,32 +221,19 @@ def rewrite_fast_math(mod):
 
     unary = {"relax.nn.gelu": (gelu, "gelu"), "relax.nn.gelu_tanh": (gelu_tanh, "gelu_tanh"),
              "relax.erf": (topi.fast_erf, "erf"), "relax.tanh": (topi.fast_tanh, "tanh")}
-    changed = []
 
-    @expr_functor.mutator
-    class Rewriter(PyExprMutator):
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            op = getattr(call.op, "name", None)
-            if op in unary and _dtype_of(call.args[0]) == "float32":
-                changed.append(op)
-                fn, hint = unary[op]
-                return self.builder_.call_te(fn, call.args[0], primfunc_name_hint=hint)
-            if op == "relax.power" and (n := _small_power(call)) is not None:
-                changed.append(op)
-                x = call.args[0]
-                square = relax.op.multiply(x, x)
-                return square if n == 2 else relax.op.multiply(square, x)
-            return call
+    def rewrite(builder, call):
+        op = getattr(call.op, "name", None)
+        if op in unary and _dtype_of(call.args[0]) == "float32":
+            fn, hint = unary[op]
+            return builder.call_te(fn, call.args[0], primfunc_name_hint=hint)
+        if op == "relax.power" and (n := _small_power(call)) is not None:
+            x = call.args[0]
+            square = relax.op.multiply(x, x)
+            return square if n == 2 else relax.op.multiply(square, x)
+        return None
 
-    rewriter = Rewriter(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-    if not changed:
-        return mod
-    log.debug("fast math: rewrote %d op(s): %s", len(changed), sorted(set(changed)))
-    return rewriter.builder_.get()
+    return _rewrite_calls(mod, rewrite, "fast math")
 
 
 def fused_module(mod, target):

@@ -6,7 +6,8 @@ layout tasks with ``LAYOUT_TRIALS_PER_TASK`` trials each, build
 the untuned and tuned libraries, check each against PyTorch, then time PyTorch eager,
 ``torch.compile`` (inductor), TVM untuned and TVM tuned per cost model in rotating blocks
 (``deploy.time_interleaved``), median of ``runs`` calls. Also records the tuning wall time and a
-roofline: the GFLOP/s of the best tuned kernels of the largest compute-bound tasks as a fraction of a measured torch matmul peak.
+roofline: the GFLOP/s of the best tuned kernels of the largest compute-bound tasks as a fraction
+of a measured torch matmul peak.
 
 Everything is resumable: tuning resumes from each work directory's database, libraries are
 rebuilt only when their database changed, and ``e2e.json`` is rewritten after each network (a
