@@ -60,3 +60,18 @@ def test_dataset_stats_cli(tiny_db, tmp_path):
     assert png.stat().st_size > 1000
     result = CliRunner().invoke(app, ["dataset", "stats", "--db", str(tiny_db), "--json"])
     assert json.loads(result.stdout)["records"] == 16
+
+
+def test_dataset_merge_cli(tiny_db, tmp_path):
+    from typer.testing import CliRunner
+
+    from cwm.cli import app
+    from cwm.database import load_raw
+
+    merged = tmp_path / "merged"
+    result = CliRunner().invoke(app, ["dataset", "merge", str(tiny_db), str(tiny_db), "--db", str(merged)])
+    assert result.exit_code == 0, result.output
+    assert "16 records added to" in result.stdout  # the second copy adds nothing
+    assert len(load_raw(merged).records) == 16
+    result = CliRunner().invoke(app, ["dataset", "merge", str(tmp_path / "nothing"), "--db", str(merged)])
+    assert result.exit_code == 2 and "not a MetaSchedule JSON database" in result.output

@@ -448,3 +448,6 @@ def test_e2e_markdown_names_each_networks_peak():
     assert "100.0 GFLOP/s (fastest call 110.0) for a" in text and "120.0 GFLOP/s (fastest call 130.0) for b" in text
     summary["networks"]["b"] = net(100.0)
     assert "100.0 GFLOP/s (fastest call 110.0)." in markdown(summary)
+    assert "World model" not in markdown(summary)
+    summary["world_model"] = {"path": "/models/zen3", "trained_on": "znver3"}
+    assert "World model of `cwm`: `/models/zen3` (trained on `znver3`)." in markdown(summary)

@@ -76,6 +76,7 @@ def test_merge_database_adds_only_missing_records(tmp_path, tiny_db):
     import shutil
 
     from cwm.database import load_raw, merge_database
+    from cwm.dataset import read_task_index
 
     dst = tmp_path / "dst"
     shutil.copytree(tiny_db, dst)
@@ -83,6 +84,7 @@ def test_merge_database_adds_only_missing_records(tmp_path, tiny_db):
     assert merge_database(tiny_db, dst) == 0
     assert merge_database(tiny_db, tmp_path / "fresh") == n
     assert len(load_raw(tmp_path / "fresh").records) == n
+    assert read_task_index(tmp_path / "fresh") == read_task_index(tiny_db)  # names and kinds kept
 
 
 def test_rpc_runner_measures_on_every_server(rpc_farm):
@@ -103,3 +105,53 @@ def test_unreachable_tracker():
 def test_bad_rpc_spec(spec):
     with pytest.raises(CwmError):
         RPCAddress.parse(spec)
+
+
+def _named_matmul_db(db_dir, prefix: str, tiles):
+    """A database of one 16x16 matmul whose block is named ``<prefix>_matmul``, one record per tile."""
+    import tvm
+    import tvm.s_tir.meta_schedule as ms
+    from tvm import te
+    from tvm.s_tir import Schedule
+
+    from cwm.database import open_database
+
+    a = te.placeholder((16, 16), name="a")
+    b = te.placeholder((16, 16), name="b")
+    k = te.reduce_axis((0, 16), name="k")
+    c = te.compute((16, 16), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name=f"{prefix}_matmul")
+    mod = tvm.IRModule({"main": te.create_prim_func([a, b, c]).with_attr("global_symbol", "main")})
+    db = open_database(db_dir)
+    workload = db.commit_workload(mod)
+    target = tvm.target.Target({"kind": "llvm"})
+    for tile in tiles:
+        sch = Schedule(mod)
+        i, _, _ = sch.get_loops(sch.get_sblock(f"{prefix}_matmul"))
+        sch.split(i, [None, tile])
+        db.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, [1e-3 * tile], target,
+                                                         ms.arg_info.ArgInfo.from_prim_func(mod["main"])))
+    return mod
+
+
+def test_merge_keeps_equal_workloads_with_other_block_names_apart(tmp_path):
+    """Structural equality ignores block names, but traces address blocks by name: merging the
+    records of one onto the other would leave a database MetaSchedule cannot open."""
+    import tvm.s_tir.meta_schedule as ms
+    from tvm_ffi import structural_equal
+
+    from cwm.database import load_raw, merge_database
+    from cwm.dataset import load_dataset
+
+    first = _named_matmul_db(tmp_path / "a", "first", [2, 4])
+    second = _named_matmul_db(tmp_path / "b", "second", [2, 8])
+    assert structural_equal(first, second)
+    merged = tmp_path / "merged"
+    assert merge_database(tmp_path / "a", merged) == 2
+    assert merge_database(tmp_path / "b", merged) == 2  # same traces textually, other blocks
+    assert merge_database(tmp_path / "b", merged) == 0
+    assert len(load_raw(merged).workloads) == 2
+    records = ms.database.JSONDatabase(work_dir=str(merged)).get_all_tuning_records()
+    assert len(records) == 4  # every trace replays on its own workload
+    ds = load_dataset(merged)
+    assert len(ds.tasks) == 2 and len(ds.trajectories) == 4
+    assert sorted(len(v) for v in ds.by_task.values()) == [2, 2]

@@ -296,3 +296,19 @@ def test_tune_a_tvmscript_file(tiny_model, tmp_path):
                                       "--work-dir", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
     assert "file:kernel.py: best" in result.output
+
+
+def test_the_shipped_model_is_chosen_by_the_machine_it_was_trained_on():
+    from cwm.world_model import CONFIG_FILE, default_model_dir, shipped_models
+
+    models = shipped_models()
+    assert {"default", "znver3"} <= set(models)
+    trained = {n: json.loads((p / CONFIG_FILE).read_text())["hardware"] for n, p in models.items()}
+    assert trained["znver3"]["simd_bits"] == 256 and trained["default"]["simd_bits"] == 512
+    cpu = {"kind": "cpu"}
+    assert default_model_dir(cpu | {"mcpu": "znver3", "simd_bits": 256}) == models["znver3"]
+    assert default_model_dir(cpu | {"mcpu": "haswell", "simd_bits": 256}) == models["znver3"]  # same SIMD width
+    assert default_model_dir(cpu | {"mcpu": "znver4", "simd_bits": 512}) == models["default"]
+    assert default_model_dir(cpu | {"mcpu": "sapphirerapids", "simd_bits": 512}) == models["default"]
+    assert default_model_dir({"kind": "cuda", "mcpu": "sm_90", "simd_bits": 1024}) == models["default"]
+    assert default_model_dir() in models.values()  # this host

@@ -410,6 +410,25 @@ def dataset_pack(
                f"{summary['tasks_with_200_valid']} tasks have >= 200 valid -> {out / summary['archive']}")
 
 
+@dataset_app.command("merge")
+def dataset_merge(
+    sources: list[Path] = typer.Argument(..., help="MetaSchedule JSON database directories to merge."),
+    db: Path = typer.Option(..., "--db", help="Database directory to merge into (created if absent)."),
+):
+    """Merge tuning logs (e.g. `cwm tune` work directories) into one training database."""
+    from .database import merge_database
+
+    for source in sources:
+        if not (source / "database_tuning_record.json").exists():
+            _fail(f"{source} is not a MetaSchedule JSON database directory (no database_tuning_record.json)")
+    total = 0
+    for source in sources:
+        added = merge_database(source, db)
+        total += added
+        typer.echo(f"{source}: {added} records added")
+    typer.echo(f"{total} records added to {db}")
+
+
 @dataset_app.command("export")
 def dataset_export(
     db: Path = typer.Option(..., "--db", help="MetaSchedule JSON database directory."),

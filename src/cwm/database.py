@@ -290,6 +290,27 @@ def workload_module(entry: list):
     return ms.database.Workload.from_json(entry).mod
 
 
+def block_names(mod) -> tuple[str, ...]:
+    """Names of the schedulable blocks of a workload, in program order.
+
+    Structural equality ignores them, but traces address blocks by name: two workloads that are
+    structurally equal with other block names (the same subgraph in two networks) cannot share
+    records.
+    """
+    from tvm.s_tir import Schedule
+
+    sch = Schedule(mod)
+    found = []
+
+    def walk(block) -> None:
+        for child in sch.get_child_blocks(block):
+            found.append(sch.get(child).name_hint)
+            walk(child)
+
+    walk(sch.get_sblock("root", func_name="main"))
+    return tuple(found)
+
+
 def task_ids(db: RawDatabase) -> list[str | None]:
     """Task id (see cwm.workloads.task_id_of) of every workload line."""
     from .workloads.task import task_id_of
@@ -301,7 +322,8 @@ def merge_database(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> in
     """Append the records of ``src_dir`` that ``dst_dir`` lacks (same workload and trace).
 
     Works on the JSON lines directly, so records keep their exact form. Workloads are matched by
-    MetaSchedule's structural hash string; new ones are appended. Returns the records added.
+    MetaSchedule's structural hash string and their block names; new ones are appended, and so are
+    their entries in the task index. Returns the records added.
     """
     from .collect import trace_key
 
@@ -311,15 +333,25 @@ def merge_database(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> in
         return 0
     open_database(dst_dir)  # creates and repairs the destination files
     dst = load_raw(dst_dir, missing_ok=True)
-    index_of = {w[0]: i for i, w in enumerate(dst.workloads) if w is not None}
+    # (hash, block names) -> line: a structurally equal workload with other block names is kept
+    # apart, or MetaSchedule could not replay the records' traces on it (see block_names).
+    names_of: dict[str, tuple] = {}
+
+    def identity(entry) -> tuple:
+        if entry[1] not in names_of:
+            names_of[entry[1]] = block_names(workload_module(entry))
+        return entry[0], names_of[entry[1]]
+
+    index_of = {identity(w): i for i, w in enumerate(dst.workloads) if w is not None}
     seen = {(r.workload_index, trace_key(r.trace_json)) for r in dst.records}
     new_workloads, new_records = [], []
     for rec in src.records:
         entry = src.workloads[rec.workload_index]
-        if entry[0] not in index_of:
-            index_of[entry[0]] = len(dst.workloads) + len(new_workloads)
+        workload = identity(entry)
+        if workload not in index_of:
+            index_of[workload] = len(dst.workloads) + len(new_workloads)
             new_workloads.append(entry)
-        idx = index_of[entry[0]]
+        idx = index_of[workload]
         key = (idx, trace_key(rec.trace_json))
         if key in seen:
             continue
@@ -337,4 +369,15 @@ def merge_database(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> in
             f.write("".join(line + "\n" for line in new_records))
             f.flush()
             os.fsync(f.fileno())
+    _merge_task_index(src_dir, dst_dir)
     return len(new_records)
+
+
+def _merge_task_index(src_dir: Path, dst_dir: Path) -> None:
+    """Keep the readable names, kinds and weights of the merged tasks (see write_task_index)."""
+    from .dataset import TASK_INDEX_FILE, read_task_index
+
+    index = read_task_index(dst_dir)
+    new = {k: v for k, v in read_task_index(src_dir).items() if k not in index}
+    if new:
+        atomic_write_text(dst_dir / TASK_INDEX_FILE, json.dumps(index | new, indent=1, sort_keys=True) + "\n")

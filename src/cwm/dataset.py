@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .actions import actions_from_trace_json, changes_ir, replay
-from .database import FAILURE_FILE, atomic_write_text, load_raw, workload_module
+from .database import FAILURE_FILE, atomic_write_text, block_names, load_raw, workload_module
 from .errors import CwmError
 
 log = logging.getLogger(__name__)
@@ -283,21 +283,26 @@ def load_dataset(db_dir: str | os.PathLike, *, cache_dir: str | os.PathLike | No
 
         hardware = host_cpu().as_json()
     tasks, states, modules, ids = {}, {}, {}, []
+    task_of: dict[tuple, str] = {}  # (structural id, block names) -> task id
     for entry in raw.workloads:
         if entry is None:
             ids.append(None)
             continue
         mod = workload_module(entry)
-        tid = task_id_of(mod)
-        ids.append(tid)
-        if tid in tasks:
+        tid, names = task_id_of(mod), block_names(mod)
+        if (tid, names) in task_of:
+            ids.append(task_of[(tid, names)])
             continue
+        structural = tid
+        if tid in tasks:  # structurally equal, other block names: traces of one do not replay on the other
+            tid = f"{structural}-{sum(k[0] == structural for k in task_of)}"
+        task_of[(structural, names)] = tid
+        ids.append(tid)
         info = index.get(tid)
         if info:
             tasks[tid] = TaskInfo(**info)
         else:
-            block_names = " ".join(b.name_hint for b in _blocks(mod))
-            tasks[tid] = TaskInfo(tid, f"task-{tid}", kind_of(block_names))
+            tasks[tid] = TaskInfo(tid, f"task-{tid}", kind_of(" ".join(names)))
         states[tid] = mod.script()
         modules[tid] = mod
     trajectories = []
@@ -311,19 +316,6 @@ def load_dataset(db_dir: str | os.PathLike, *, cache_dir: str | os.PathLike | No
         )
     return TrajectoryDataset(tasks, states, modules, trajectories, hardware, raw.skipped_lines,
                              StateCache(cache_dir))
-
-
-def _blocks(mod):
-    from tvm import tirx
-
-    found = []
-
-    def visit(node):
-        if isinstance(node, tirx.SBlock):
-            found.append(node)
-
-    tirx.stmt_functor.post_order_visit(mod["main"].body, visit)
-    return found
 
 
 # Held-out kinds/shapes for the test split: a kind never seen in training (pooling) and

@@ -43,8 +43,32 @@ def layout_id(names: list[str]) -> str:
     return hashlib.sha1("\n".join(names).encode()).hexdigest()[:12]
 
 
-def default_model_dir() -> Path:
-    return Path(str(resources.files("cwm") / "pretrained" / "default"))
+def shipped_models() -> dict[str, Path]:
+    """The world models shipped inside the package, by directory name."""
+    root = Path(str(resources.files("cwm") / "pretrained"))
+    return {p.name: p for p in sorted(root.iterdir()) if (p / CONFIG_FILE).is_file()}
+
+
+def default_model_dir(hardware: dict | None = None) -> Path:
+    """The shipped model trained on the machine most like ``hardware`` (default: this host's CPU).
+
+    The same LLVM CPU name first, then the same SIMD width, else ``default``: a ranking learned on
+    one machine need not hold on another (README: the Zen 3 search and end to end).
+    """
+    models = shipped_models()
+    if hardware is None:
+        from .hardware import host_cpu
+
+        hardware = host_cpu().as_json()
+    trained = {name: json.loads((path / CONFIG_FILE).read_text()).get("hardware") or {}
+               for name, path in models.items()}
+    candidates = sorted(models, key=lambda name: name != "default")  # ties go to the default
+    for key in ("mcpu", "simd_bits"):
+        for name in candidates:
+            here = hardware.get(key)
+            if here and trained[name].get(key) == here and trained[name].get("kind") == hardware.get("kind", "cpu"):
+                return models[name]
+    return models["default"]
 
 
 def check_output_dir(directory: str | Path) -> None:

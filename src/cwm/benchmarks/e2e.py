@@ -222,7 +222,7 @@ def run_e2e_benchmark(
     if "cwm" in cost_models:
         from ..world_model import WorldModel
 
-        WorldModel.load(path)  # a corrupt or outdated model fails now, not after the xgb runs
+        world_model = WorldModel.load(path)  # a corrupt or outdated model fails now, not after the xgb runs
     target = make_target(target) if not hasattr(target, "kind") else target
     out_dir, work_root = Path(out_dir), Path(work_root)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -240,6 +240,8 @@ def run_e2e_benchmark(
             log.warning("%s is unreadable; starting it over", json_path)
     hw = host_cpu()
     summary["host"] = {"cpu": hw.model, "cores": hw.cores, "threads": threads, "python": platform.python_version()}
+    if "cwm" in cost_models:
+        summary["world_model"] = {"path": str(path), "trained_on": (world_model.config.hardware or {}).get("mcpu")}
     peak = peak_matmul_stats(n=peak_n, runs=30, threads=threads)
     summary["peak_matmul_gflops"] = peak["median"]
     # The fastest call too: on a shared machine the median can be depressed by other load.
@@ -420,6 +422,11 @@ def markdown(summary: dict) -> str:
         f"{cfg.get('layout_trials_per_task', 0)} trials x layout task (reshape, transpose and other moves). "
         "Cells: latency in ms (speed-up over PyTorch eager).",
         "",
+    ]
+    if summary.get("world_model"):
+        wm = summary["world_model"]
+        lines += [f"World model of `cwm`: `{wm['path']}` (trained on `{wm['trained_on']}`).", ""]
+    lines += [
         "| network | tasks (tunable) | " + " | ".join(_label(c) for c in contenders) + " |",
         "|---|---|" + "---|" * len(contenders),
     ]
