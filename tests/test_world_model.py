@@ -312,3 +312,20 @@ def test_the_shipped_model_is_chosen_by_the_machine_it_was_trained_on():
     assert default_model_dir(cpu | {"mcpu": "sapphirerapids", "simd_bits": 512}) == models["default"]
     assert default_model_dir({"kind": "cuda", "mcpu": "sm_90", "simd_bits": 1024}) == models["default"]
     assert default_model_dir() in models.values()  # this host
+
+
+def test_compare_models_cli(tiny_model, multi_db, tmp_path):
+    from typer.testing import CliRunner
+
+    from cwm.cli import app
+
+    out = tmp_path / "compare.json"
+    result = CliRunner().invoke(app, ["compare-models", str(tiny_model), "--db", str(multi_db), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["tasks"] == 4 and report["records"] > 0
+    metrics = report["metrics"][str(tiny_model)]
+    assert set(metrics) == {"pairwise_accuracy", "ndcg@10", "top1", "top5"}
+    assert all(0.0 <= v <= 1.0 for v in metrics.values())
+    result = CliRunner().invoke(app, ["compare-models", str(tiny_model), str(tiny_model), "--db", str(multi_db)])
+    assert result.exit_code == 2 and "once" in result.output

@@ -228,6 +228,31 @@ def evaluate(
     typer.echo(f"report: {out / 'eval.json'}")
 
 
+@app.command("compare-models")
+def compare_models(
+    models: list[Path] = typer.Argument(..., help="World model directories."),
+    db: Path = typer.Option(..., "--db", help="MetaSchedule JSON database directory to rank."),
+    out: Optional[Path] = typer.Option(None, help="Where to write the JSON report."),
+):
+    """Ranking quality of world models on every task of a database (pairwise, ndcg@10, top-1, top-5)."""
+    from .database import atomic_write_text
+    from .dataset import resolve_db
+    from .evaluation import compare_models as run_compare
+
+    _quiet_tvm_logs()
+    names = [str(m) for m in models]
+    if len(set(names)) != len(names):
+        _fail("each model may be given once")
+    report = run_compare({n: m for n, m in zip(names, models)}, resolve_db(db))
+    typer.echo(f"{report['records']} records of {report['tasks']} tasks")
+    for name, m in report["metrics"].items():
+        typer.echo(f"{name:<40} pairwise {m['pairwise_accuracy']:.3f}  ndcg@10 {m['ndcg@10']:.3f}  "
+                   f"top1 {m['top1']:.3f}  top5 {m['top5']:.3f}")
+    if out:
+        atomic_write_text(out, json.dumps(report, indent=1, default=float) + "\n")
+        typer.echo(f"report: {out}")
+
+
 @bench_app.command("search")
 def bench_search(
     subgraphs: list[str] = typer.Argument(None, help="Workloads (default: the 12-subgraph set)."),

@@ -139,6 +139,27 @@ def evaluate(model_dir, db_dir, split: dict, out_dir, *, settings=None, final_pe
     return report
 
 
+def compare_models(model_dirs: dict, db_dir, *, cache_dir=None) -> dict:
+    """Ranking quality of world models on every task of a database, e.g. measurements from a
+    machine or a network none of them was trained on: {name: metrics} plus the counts."""
+    from .dataset import load_dataset
+    from .metrics import evaluate_ranking
+    from .training import ranker_arrays
+    from .world_model import WorldModel
+
+    if not model_dirs:
+        raise CwmError("no world models to compare")
+    ds = load_dataset(db_dir, cache_dir=cache_dir).valid()
+    if not ds.trajectories:
+        raise CwmError(f"{db_dir} has no valid records to rank")
+    report = {"db": str(db_dir), "tasks": len(ds.by_task), "records": len(ds.trajectories), "metrics": {}}
+    for name, path in model_dirs.items():
+        model = WorldModel.load(path)
+        X, lat, groups = ranker_arrays(model, ds)
+        report["metrics"][name] = evaluate_ranking(model.ranker.predict(X), lat, groups)
+    return report
+
+
 def learning_curve(model, initial_model, train_ds, heldout_ds, settings, *, repeats: int = 5,
                    fractions=(0.25, 0.5, 0.75, 1.0), seed: int = 0, progress: bool = True) -> dict:
     """Held-out ranking quality against the number of training tasks the ranker sees.
