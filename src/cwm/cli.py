@@ -441,11 +441,11 @@ def dataset_merge(
     db: Path = typer.Option(..., "--db", help="Database directory to merge into (created if absent)."),
 ):
     """Merge tuning logs (e.g. `cwm tune` work directories) into one training database."""
-    from .database import merge_database
+    from .database import RECORD_FILE, merge_database
 
     for source in sources:
-        if not (source / "database_tuning_record.json").exists():
-            _fail(f"{source} is not a MetaSchedule JSON database directory (no database_tuning_record.json)")
+        if not (source / RECORD_FILE).exists():
+            _fail(f"{source} is not a MetaSchedule JSON database directory (no {RECORD_FILE})")
     total = 0
     for source in sources:
         added = merge_database(source, db)

@@ -289,15 +289,15 @@ def load_dataset(db_dir: str | os.PathLike, *, cache_dir: str | os.PathLike | No
             ids.append(None)
             continue
         mod = workload_module(entry)
-        tid, names = task_id_of(mod), block_names(mod)
-        if (tid, names) in task_of:
-            ids.append(task_of[(tid, names)])
+        key = (task_id_of(mod), block_names(mod))
+        if key in task_of:
+            ids.append(task_of[key])
             continue
-        structural = tid
-        if tid in tasks:  # structurally equal, other block names: traces of one do not replay on the other
-            tid = f"{structural}-{sum(k[0] == structural for k in task_of)}"
-        task_of[(structural, names)] = tid
+        # Structurally equal with other block names: traces of one do not replay on the other.
+        variants = sum(k[0] == key[0] for k in task_of)
+        tid = task_of[key] = key[0] if not variants else f"{key[0]}-{variants}"
         ids.append(tid)
+        names = key[1]
         info = index.get(tid)
         if info:
             tasks[tid] = TaskInfo(**info)

@@ -63,10 +63,11 @@ def default_model_dir(hardware: dict | None = None) -> Path:
     trained = {name: json.loads((path / CONFIG_FILE).read_text()).get("hardware") or {}
                for name, path in models.items()}
     candidates = sorted(models, key=lambda name: name != "default")  # ties go to the default
+    kind = hardware.get("kind", "cpu")
     for key in ("mcpu", "simd_bits"):
+        here = hardware.get(key)
         for name in candidates:
-            here = hardware.get(key)
-            if here and trained[name].get(key) == here and trained[name].get("kind") == hardware.get("kind", "cpu"):
+            if here and trained[name].get(key) == here and trained[name].get("kind") == kind:
                 return models[name]
     return models["default"]
 
