@@ -82,10 +82,49 @@ def test_mlp_tuned_build_runs_and_matches_torch(mlp_build):
     assert result.lib_path.exists() and sidecar_path(result.lib_path).exists()
     assert result.total_tasks == 2
     assert result.tuned_tasks == 2 and result.missing == []  # both fused dense layers got their schedule
+    # CPU builds prepack: both dense layers' weights were laid out for their schedules at build time
+    assert result.weight_prepack and len(result.prepacked) == 2
+    assert "TransformLayout" in (db / "database_tuning_record.json").read_text()
     out = load_and_run(result.lib_path, [x.numpy() for x in inputs])
     assert out[0].shape == (1, 10)
     report = check_against_torch(model, inputs, out)  # default 1e-4 / 1e-4
     assert report["max_abs_diff"] < 1e-4
+
+
+def test_a_database_tuned_without_weight_prepack_builds_without_it(mlp_build, tmp_path, target):
+    """Prepacking changes the tasks, so the build follows the database: one tuned before
+    prepacking existed still applies, and forcing the other mode leaves every task missing."""
+    from cwm.deploy import build_network, check_against_torch, extract_tasks, load_and_run
+    from cwm.tuning import tune
+
+    model, inputs, mod, prepacked_db, _ = mlp_build
+    forced = build_network(mod, prepacked_db, target, weight_prepack=False)
+    assert forced.tuned_tasks == 0 and len(forced.missing) == 2
+
+    tasks = extract_tasks(mod, target, weight_prepack=False)
+    assert not any("layout_free_buffers" in (t.mod["main"].attrs or {}) for t in tasks)
+    tune(tasks, trials=4, work_dir=tmp_path / "db", cost_model="xgb", target=target, progress=False,
+         num_trials_per_iter=2, report=False)
+    result = build_network(mod, tmp_path / "db", target, tmp_path / "plain.so")
+    assert not result.weight_prepack and result.prepacked == []
+    assert result.tuned_tasks == 2
+    out = load_and_run(result.lib_path, [x.numpy() for x in inputs])
+    assert check_against_torch(model, inputs, out)["max_abs_diff"] < 1e-4
+
+
+def test_a_schedule_with_prepacked_weights_is_remeasured(mlp_build, target):
+    """Re-measuring a best schedule passes the weight in its rewritten layout, as the build does."""
+    from cwm.actions import trace_to_json
+    from cwm.database import open_database
+    from cwm.deploy import extract_tasks
+    from cwm.tuning import measure_median
+
+    _, _, mod, db, _ = mlp_build
+    task = max(extract_tasks(mod, target), key=lambda t: t.flops)
+    database = open_database(db, create=False)
+    best = database.query_tuning_record(task.mod, target, "main")
+    assert "transform_layout" in str(best.trace)  # the best schedule rewrites a weight's layout
+    assert 0 < measure_median(task, trace_to_json(best.trace), target, runs=3, min_ms=1) < 0.1
 
 
 def test_cnn_tuned_build_folds_batch_norm_and_matches_torch(tmp_path, target):
@@ -100,7 +139,7 @@ def test_cnn_tuned_build_folds_batch_norm_and_matches_torch(tmp_path, target):
     # conv + batch norm + relu end up in one fused kernel: no separate batch-norm subgraph
     prim = [gv.name_hint for gv, f in fused_module(mod, target).functions.items() if gv.name_hint != "main"]
     conv = [n for n in prim if "conv2d" in n]
-    assert len(conv) == 1 and conv[0].endswith("relu"), prim
+    assert len(conv) == 1 and conv[0].rstrip("0123456789").endswith("relu"), prim  # passes add suffixes
     assert not any("batch_norm" in n for n in prim)
 
     conv_task = _tasks(mod, target, only_largest=True)
@@ -365,6 +404,8 @@ def test_e2e_benchmark_tiny_mode(mlp_build, tmp_path, target):
     assert e["status"] == "done" and e["tunable_tasks"] == 2 and e["trials_per_cost_model"] == 8
     assert e["tuning"]["xgb"]["0"]["tasks_with_records"] == 2
     assert e["builds"]["tvm_xgb@s0"]["tuned_tasks"] == 2 and e["builds"]["tvm_untuned"]["tuned_tasks"] == 0
+    assert len(e["builds"]["tvm_xgb@s0"]["prepacked"]) == 2 and not e["builds"]["tvm_untuned"]["prepacked"]
+    assert "2 / 2, 2 with prepacked weights" in (out / "e2e.md").read_text()
     assert all(c["ok"] for c in e["checks"].values())
     for c in ("torch_eager", "tvm_untuned", "tvm_xgb"):
         assert e["latency_ms"][c] > 0 and e["speedup_vs_eager"][c] > 0

@@ -3,7 +3,9 @@
 The path from a tuned database to a shared library is::
 
     Relax module (params bound)  --zero pipeline-->  fused TIR subgraphs (the tasks)
+        [CPU: weights marked layout-free, so schedules may choose their layout]
         --MetaScheduleApplyDatabase-->  tuned subgraphs marked ``tirx.is_scheduled``
+        [CPU: the weight layout rewrites folded into the constants at build time]
         --tvm.compile (default Relax/TIR lowering)-->  VM executable  --export-->  .so
 
 ``MetaScheduleApplyDatabase`` replaces every PrimFunc it finds in the database by the best
@@ -46,6 +48,7 @@ from .errors import CwmError
 log = logging.getLogger(__name__)
 
 SCHEDULED_ATTR = "tirx.is_scheduled"  # set by MetaScheduleApplyDatabase on every function it replaced
+LAYOUT_FREE_ATTR = "layout_free_buffers"  # set by AttachAttrLayoutFreeBuffers (weight prepacking)
 FAILED_LATENCY = 1e9  # run_secs at or above this are failed candidates (MetaSchedule writes 1e10)
 
 # Comparison tolerances against PyTorch, per model family: keyword arguments of
@@ -86,17 +89,21 @@ def relax_from_torch(model, example_inputs, target=None, *, bind_params: bool = 
 def relax_op_counts(mod) -> dict[str, int]:
     """How many times each Relax operator is called in ``main`` (e.g. to see batch norm is gone)."""
     import tvm
-    from tvm import relax
 
     counts: dict[str, int] = {}
-
-    def visit(expr):
-        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
-            name = str(expr.op.name)
-            counts[name] = counts.get(name, 0) + 1
-
-    relax.analysis.post_order_visit(mod["main"].body, visit)
+    for call in _calls_in(mod["main"]):
+        if isinstance(call.op, tvm.ir.Op):
+            counts[str(call.op.name)] = counts.get(str(call.op.name), 0) + 1
     return counts
+
+
+def _calls_in(func) -> list:
+    """Every Relax call in ``func``'s body."""
+    from tvm import relax
+
+    calls = []
+    relax.analysis.post_order_visit(func.body, lambda e: calls.append(e) if isinstance(e, relax.Call) else None)
+    return calls
 
 
 _COMPARE_OPS = ("relax.equal", "relax.not_equal", "relax.less", "relax.less_equal", "relax.greater",
@@ -173,7 +180,7 @@ def rewrite_bool_ops(mod):
 
 FAST_MATH_OPS = ("relax.nn.gelu", "relax.nn.gelu_tanh", "relax.erf", "relax.tanh", "relax.power")
 # Bump when fused_module changes which subgraphs a network has: cached builds keyed on it are stale.
-PIPELINE_VERSION = 2  # 2: rewrite_fast_math
+PIPELINE_VERSION = 3  # 2: rewrite_fast_math; 3: weight prepacking on CPU
 
 
 def fast_math_counts(mod) -> dict[str, int]:
@@ -236,26 +243,43 @@ def rewrite_fast_math(mod):
     return _rewrite_calls(mod, rewrite, "fast math")
 
 
-def fused_module(mod, target):
+def default_weight_prepack(target) -> bool:
+    """Weight prepacking is on for CPU targets: MetaSchedule's ``RewriteLayout`` postprocessor is
+    part of the LLVM defaults and lays constant weights out in the order the tuned loops read them."""
+    return _as_target(target).kind.name == "llvm"
+
+
+def fused_module(mod, target, weight_prepack: bool | None = None):
     """The zero pipeline without the database: LegalizeOps, AnnotateTIROpPattern, FoldConstant,
     FuseOps, FuseTIR (after ``rewrite_bool_ops`` and ``rewrite_fast_math``). Its PrimFuncs are the
-    tasks MetaSchedule extracts and tunes."""
+    tasks MetaSchedule extracts and tunes.
+
+    With ``weight_prepack`` (default: ``default_weight_prepack(target)``), the PrimFuncs name their
+    constant (weight) arguments in a ``layout_free_buffers`` attribute, so the tuned schedules may
+    change those buffers' layout; ``build_network`` then folds the layout change into the constants.
+    """
     import tvm
     from tvm import relax
 
+    target = _as_target(target)
+    if weight_prepack is None:
+        weight_prepack = default_weight_prepack(target)
     mod = rewrite_fast_math(rewrite_bool_ops(mod))
-    with _as_target(target), tvm.transform.PassContext(opt_level=3):
-        return relax.get_pipeline("zero")(mod)
+    passes = [relax.get_pipeline("zero")]
+    if weight_prepack:
+        passes.append(relax.transform.AttachAttrLayoutFreeBuffers())
+    with target, tvm.transform.PassContext(opt_level=3):
+        return tvm.transform.Sequential(passes)(mod)
 
 
-def extract_tasks(mod, target, network: str | None = None) -> list:
+def extract_tasks(mod, target, network: str | None = None, weight_prepack: bool | None = None) -> list:
     """The MetaSchedule tasks of a (not yet fused) Relax module, as ``cwm.workloads.Task``."""
     import tvm.s_tir.meta_schedule as ms
 
     from .workloads import Task
 
     target = _as_target(target)
-    fused = fused_module(mod, target)
+    fused = fused_module(mod, target, weight_prepack)
     tasks = []
     for ext in ms.relax_integration.extract_tasks(fused, target):
         name = f"{network}/{ext.task_name}" if network else str(ext.task_name)
@@ -293,6 +317,8 @@ class BuildResult:
     signature: dict = field(default_factory=dict)  # {"inputs": [...], "outputs": [...]}
     relax_ops: dict = field(default_factory=dict)  # Relax operator counts before fusion
     fast_math: dict = field(default_factory=dict)  # calls replaced by rewrite_fast_math, per op
+    weight_prepack: bool = False  # tasks extracted with layout-free weights (see fused_module)
+    prepacked: list[str] = field(default_factory=list)  # kernels whose weights were laid out at build time
     executable: object = field(default=None, repr=False)
 
     @property
@@ -314,6 +340,8 @@ class BuildResult:
             "signature": self.signature,
             "relax_ops": self.relax_ops,
             "fast_math": self.fast_math,
+            "weight_prepack": self.weight_prepack,
+            "prepacked": list(self.prepacked),
         }
 
 
@@ -347,7 +375,8 @@ def _filtered_database(db_dir: Path, target):
     be applied to a CPU build (and fail there). Records of another target kind are dropped (their
     tasks count as missing); records of the same kind but another target (another CPU model or
     core count) are used when no exact-target record exists, and reported.
-    Returns (database, names of workloads tuned for a different target of the same kind, dropped).
+    Returns (database, hashes of workloads tuned for a different target of the same kind, dropped,
+    whether the records' workloads were tuned with weight prepacking: None without records).
     """
     import tvm.s_tir.meta_schedule as ms
     from tvm_ffi import structural_hash
@@ -357,7 +386,7 @@ def _filtered_database(db_dir: Path, target):
     if not (db_dir / RECORD_FILE).exists():
         load_raw(db_dir)  # a clear CwmError if the workload file is missing too
         log.warning("%s has no %s: no tuning records", db_dir, RECORD_FILE)
-        return ms.database.MemoryDatabase(), set(), 0
+        return ms.database.MemoryDatabase(), set(), 0, None
     json_db = open_database(db_dir, create=False)
     best: dict[int, tuple[int, float, object]] = {}  # workload hash -> (rank, latency, record)
     dropped = 0
@@ -376,14 +405,17 @@ def _filtered_database(db_dir: Path, target):
             best[key] = (rank, lat, rec)
     mem = ms.database.MemoryDatabase()
     other = []
+    prepacked = None
     for rank, _, rec in best.values():
+        attrs = rec.workload.mod["main"].attrs
+        prepacked = bool(prepacked) or bool(attrs and LAYOUT_FREE_ATTR in attrs)
         workload = mem.commit_workload(rec.workload.mod)
         mem.commit_tuning_record(
             ms.database.TuningRecord(rec.trace, workload, rec.run_secs, rec.target, rec.args_info)
         )
         if rank:
             other.append(structural_hash(rec.workload.mod))
-    return mem, set(other), dropped
+    return mem, set(other), dropped, prepacked
 
 
 def _signature(mod) -> dict:
@@ -437,7 +469,32 @@ def _task_gvars(fused_mod, target):
     return groups
 
 
-def build_network(module_or_name, db_dir=None, target=None, out_path=None) -> BuildResult:
+def _prepack_weights(mod, target):
+    """Split the weight-layout rewrites off the tuned kernels and fold them into the constant weights.
+
+    ``SplitLayoutRewritePreproc`` turns each kernel with a layout-rewrite block into
+    ``<kernel>_weight_prepack`` (the rewrite) and ``<kernel>_prepacked`` (the kernel on rewritten
+    weights); ``FoldConstant`` then runs the rewrites on the bound weights once, at build time.
+    Returns (module, names of the prepacked kernels). A rewrite left in ``main`` (weights passed as
+    inputs instead of bound) runs at every call, which is correct but slow, and is logged.
+    """
+    import tvm
+    from tvm import relax
+
+    with target, tvm.transform.PassContext(opt_level=3):
+        mod = tvm.transform.Sequential(
+            [relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant()])(mod)
+    names = sorted(gv.name_hint for gv in mod.get_global_vars() if gv.name_hint.endswith("_prepacked"))
+    left = sorted({call.args[0].name_hint for call in _calls_in(mod["main"])
+                   if call.args and getattr(call.args[0], "name_hint", "").endswith("_weight_prepack")})
+    if left:
+        log.warning("%d weight layout rewrite(s) run at every call, since their weights are not constants: %s",
+                    len(left), ", ".join(left))
+    return mod, names
+
+
+def build_network(module_or_name, db_dir=None, target=None, out_path=None,
+                  weight_prepack: bool | None = None) -> BuildResult:
     """Compile a network with the schedules of a tuned MetaSchedule database.
 
     ``module_or_name`` is a Relax IRModule (as from ``relax_from_torch``) or a network name
@@ -447,6 +504,12 @@ def build_network(module_or_name, db_dir=None, target=None, out_path=None) -> Bu
     an empty database (everything falls back, with a warning). Tasks without a usable record
     are listed in ``missing`` and logged as a warning; they compile with TVM's default lowering.
     ``out_path`` (a ``.so``) gets the exported library and a ``<out_path>.json`` sidecar.
+
+    ``weight_prepack`` (see ``fused_module``) must match how the database was tuned, since it
+    changes the tasks; by default it follows the database's records (a database tuned before
+    prepacking existed builds without it) and, without records, ``default_weight_prepack``.
+    Prepacked weights are transformed once, at build time: the layout-rewrite blocks of the tuned
+    schedules are split off (``SplitLayoutRewritePreproc``) and folded into the constants.
     """
     import tvm
     import tvm.s_tir.meta_schedule as ms
@@ -460,7 +523,7 @@ def build_network(module_or_name, db_dir=None, target=None, out_path=None) -> Bu
         from .workloads.networks import get_network
 
         get_network(module_or_name)  # an unknown name is a CwmError before any work
-    database, other_hashes, dropped = None, set(), 0
+    database, other_hashes, dropped, db_prepacked = None, set(), 0, None
     if db_dir is not None:
         db_dir = Path(db_dir)
         if not db_dir.exists():
@@ -470,7 +533,9 @@ def build_network(module_or_name, db_dir=None, target=None, out_path=None) -> Bu
         if not any(db_dir.iterdir()):
             log.warning("database directory %s is empty: building untuned", db_dir)
         else:
-            database, other_hashes, dropped = _filtered_database(db_dir, target)
+            database, other_hashes, dropped, db_prepacked = _filtered_database(db_dir, target)
+    if weight_prepack is None:
+        weight_prepack = default_weight_prepack(target) if db_prepacked is None else db_prepacked
 
     if isinstance(module_or_name, str):
         from .workloads.networks import relax_module
@@ -482,7 +547,7 @@ def build_network(module_or_name, db_dir=None, target=None, out_path=None) -> Bu
         raise CwmError("the Relax module has no 'main' function")
 
     relax_ops = relax_op_counts(mod)
-    fused = fused_module(mod, target)
+    fused = fused_module(mod, target, weight_prepack)
     groups = _task_gvars(fused, target)
     pre_scheduled = {gv.name_hint for gv, f in fused.functions.items()
                      if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and f.attrs.get(SCHEDULED_ATTR, False)}
@@ -518,6 +583,10 @@ def build_network(module_or_name, db_dir=None, target=None, out_path=None) -> Bu
         log.warning("%d task(s) use records tuned for another %s target than %s: %s",
                     len(other), target.kind.name, target, ", ".join(sorted(other)))
 
+    prepacked = []
+    if weight_prepack and database is not None:
+        applied, prepacked = _prepack_weights(applied, target)
+
     if "gpu" in target.keys:
         from tvm.s_tir import dlight as dl
 
@@ -536,7 +605,8 @@ def build_network(module_or_name, db_dir=None, target=None, out_path=None) -> Bu
     result = BuildResult(
         lib_path=None, target=str(target), db_dir=db_dir, total_tasks=len(groups), tuned_tasks=len(tuned),
         missing=missing, tuned=tuned, other_target=sorted(other), skipped_records=dropped,
-        signature=signature, relax_ops=relax_ops, fast_math=fast_math_counts(mod), executable=executable,
+        signature=signature, relax_ops=relax_ops, fast_math=fast_math_counts(mod), weight_prepack=weight_prepack,
+        prepacked=prepacked, executable=executable,
     )
     if out_path is not None:
         out_path = Path(out_path)

@@ -126,13 +126,14 @@ def error_kind(builder_error: str | None, runner_error: str | None) -> str | Non
 
 
 def random_arguments(mod, device) -> list:
-    """Random input/output tensors matching the PrimFunc "main" of ``mod``."""
+    """Random input/output tensors for the built "main" of ``mod``: a weight whose layout a
+    schedule rewrites is passed in the rewritten layout (the rewrite block is not built)."""
     import numpy as np
     import tvm
     import tvm.s_tir.meta_schedule as ms
 
     args = []
-    for info in ms.arg_info.ArgInfo.from_prim_func(mod["main"]):
+    for info in ms.arg_info.ArgInfo.from_entry_func(mod, remove_preproc=True):
         shape = [int(x) for x in info.shape]
         args.append(tvm.runtime.tensor(np.random.rand(*shape).astype(str(info.dtype)), device=device))
     return args
