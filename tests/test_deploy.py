@@ -127,6 +127,24 @@ def test_a_schedule_with_prepacked_weights_is_remeasured(mlp_build, target):
     assert 0 < measure_median(task, trace_to_json(best.trace), target, runs=3, min_ms=1) < 0.1
 
 
+def test_the_world_model_sees_schedules_without_their_derived_layout_rewrites(mlp_build, target):
+    from cwm.actions import actions_from_trace_json, model_actions, replay, trace_to_json, without_layout_rewrites
+    from cwm.database import open_database
+    from cwm.deploy import extract_tasks
+
+    _, _, mod, db, _ = mlp_build
+    task = max(extract_tasks(mod, target), key=lambda t: t.flops)
+    trace = trace_to_json(open_database(db, create=False).query_tuning_record(task.mod, target, "main").trace)
+    full, seen = actions_from_trace_json(trace), model_actions(trace)
+    dropped = [a["kind"] for a in full if a not in seen]
+    n = dropped.count("TransformLayout")
+    assert n >= 1 and sorted(dropped) == sorted(["CacheRead", "Annotate", "TransformLayout"] * n)
+    assert seen == [a for a in full if a in seen]  # the order of the rest is kept
+    assert not any(a["kind"] == "TransformLayout" for a in seen)
+    replay(task.mod, seen)  # the schedule the model scores still replays
+    assert without_layout_rewrites(seen) == seen  # nothing else is dropped
+
+
 def test_cnn_tuned_build_folds_batch_norm_and_matches_torch(tmp_path, target):
     from cwm.deploy import build_network, check_against_torch, fused_module, load_and_run, relax_from_torch, \
         tolerance_for

@@ -174,6 +174,35 @@ def actions_from_trace_json(trace_json: list) -> list[dict]:
     return actions
 
 
+LAYOUT_REWRITE_ANNOTATION = "meta_schedule.layout_rewrite_preproc"
+
+
+def without_layout_rewrites(actions: list[dict]) -> list[dict]:
+    """The actions without the weight-layout rewrites of MetaSchedule's ``RewriteLayout`` postprocessor.
+
+    Per layout-free weight it appends CacheRead, an Annotate marking that copy as layout-rewrite
+    preprocessing, and TransformLayout. They follow from the schedule before them and decide nothing;
+    the world model scores what decides, and was trained on traces that have none.
+    """
+    start = next((i for i, a in enumerate(actions) if a["kind"] == "EnterPostproc"), len(actions))
+    marked = {a["inputs"][0] for a in actions[start:]
+              if a["kind"] == "Annotate" and a["attrs"][:1] == [LAYOUT_REWRITE_ANNOTATION] and a["inputs"]}
+    if not marked:
+        return actions
+
+    def derived(a: dict) -> bool:
+        return (a["kind"] == "TransformLayout"
+                or (a["kind"] == "Annotate" and a["attrs"][:1] == [LAYOUT_REWRITE_ANNOTATION])
+                or (a["kind"] == "CacheRead" and bool(set(a["outputs"]) & marked)))
+
+    return actions[:start] + [a for a in actions[start:] if not derived(a)]
+
+
+def model_actions(trace_json: list) -> list[dict]:
+    """The actions the world model sees for a trace (see ``without_layout_rewrites``)."""
+    return without_layout_rewrites(actions_from_trace_json(trace_json))
+
+
 def trace_json_from_actions(actions: list[dict]) -> list:
     insts, decisions = [], []
     for i, a in enumerate(actions):

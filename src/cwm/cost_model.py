@@ -133,7 +133,7 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
         """Feature rows of the candidates; rows of traces seen before come from the cache."""
         import hashlib
 
-        from .actions import actions_from_trace_json, trace_json_from_text, trace_json_text
+        from .actions import model_actions, trace_json_from_text, trace_json_text
 
         with gc_paused():  # every candidate decoded here: see gc_paused
             tid, text = self._task(context)
@@ -144,7 +144,7 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
                 if k not in self._rows and k not in missing:
                     missing[k] = i
             if missing:
-                actions = [actions_from_trace_json(trace_json_from_text(traces[i], candidates[i].sch.trace))
+                actions = [model_actions(trace_json_from_text(traces[i], candidates[i].sch.trace))
                            for i in missing.values()]
                 new = self.task_models.get(tid, self.model).features(text, actions, self._hardware(context))
                 if len(self._rows) + len(missing) > self.max_cached_rows:
@@ -179,11 +179,11 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
 
     def _add_targets(self, context, tid: str, candidates) -> None:
         """Actions and encoded true intermediate states of newly measured candidates."""
-        from .actions import actions_from_trace_json, changes_ir, replay_states, trace_to_json
+        from .actions import changes_ir, model_actions, replay_states, trace_to_json
 
         store = self.measured[tid]
         for cand in candidates:
-            actions = actions_from_trace_json(trace_to_json(cand.sch.trace))
+            actions = model_actions(trace_to_json(cand.sch.trace))
             ir_steps = [i + 1 for i, a in enumerate(actions) if changes_ir(a)]
             # A few evenly spaced IR-changing steps, always the last: each is replayed from s0.
             picks = sorted({ir_steps[round(j)] for j in np.linspace(0, len(ir_steps) - 1,

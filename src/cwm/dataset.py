@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .actions import actions_from_trace_json, changes_ir, replay
+from .actions import changes_ir, model_actions, replay
 from .database import FAILURE_FILE, atomic_write_text, block_names, load_raw, workload_module
 from .errors import CwmError
 
@@ -312,7 +312,7 @@ def load_dataset(db_dir: str | os.PathLike, *, cache_dir: str | os.PathLike | No
         if not rec.valid:
             error = failures.get(json.dumps(rec.trace_json, sort_keys=True), "failed")
         trajectories.append(
-            Trajectory(tid, actions_from_trace_json(rec.trace_json), rec.latency, error, record_index=i)
+            Trajectory(tid, model_actions(rec.trace_json), rec.latency, error, record_index=i)
         )
     return TrajectoryDataset(tasks, states, modules, trajectories, hardware, raw.skipped_lines,
                              StateCache(cache_dir))
