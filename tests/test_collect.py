@@ -89,3 +89,36 @@ def test_missing_database_is_a_clear_error(tmp_path):
         load_dataset(tmp_path / "nope")
     with pytest.raises(CwmError, match=WORKLOAD_FILE):
         load_dataset(tmp_path)
+
+
+def _gather_task():
+    """An embedding lookup, as BERT's first kernel: a random index would read outside the table."""
+    import tvm
+    from tvm import te
+
+    from cwm.workloads import Task
+
+    table = te.placeholder((1000, 64), name="table")
+    ids = te.placeholder((128,), dtype="int64", name="ids")
+    out = te.compute((128, 64), lambda i, j: table[ids[i], j], name="gather")
+    return Task(name="gather", mod=tvm.IRModule({"main": te.create_prim_func([table, ids, out])}))
+
+
+def test_runner_arguments_keep_indices_in_range():
+    import numpy as np
+    import tvm
+
+    from cwm.measure import alloc_arguments
+
+    (ints, floats), = alloc_arguments(tvm.cpu(), [["TENSOR", "int64", [4096]], ["TENSOR", "float32", [4096]]], 1)
+    assert not np.any(ints.numpy()) and np.ptp(floats.numpy()) > 0
+
+
+def test_a_gather_is_measured(tmp_path):
+    from cwm.tuning import tune
+
+    task = _gather_task()
+    result = tune(task, trials=2, work_dir=tmp_path, cost_model="random", num_trials_per_iter=2,
+                  progress=False, report=False)
+    assert task.id in result.best and result.best[task.id]["latency"] < 1e-2
+    assert not (tmp_path / "failures.jsonl").exists() or not (tmp_path / "failures.jsonl").read_text().strip()

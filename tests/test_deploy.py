@@ -124,7 +124,7 @@ def test_a_schedule_with_prepacked_weights_is_remeasured(mlp_build, target):
     database = open_database(db, create=False)
     best = database.query_tuning_record(task.mod, target, "main")
     assert "transform_layout" in str(best.trace)  # the best schedule rewrites a weight's layout
-    assert 0 < measure_median(task, trace_to_json(best.trace), target, runs=3, min_ms=1) < 0.1
+    assert 0 < measure_median(task, trace_to_json(best.trace), target, runs=3, min_ms=1.0) < 0.1  # a float budget too
 
 
 def test_the_world_model_sees_schedules_without_their_derived_layout_rewrites(mlp_build, target):
@@ -168,10 +168,49 @@ def test_cnn_tuned_build_folds_batch_norm_and_matches_torch(tmp_path, target):
     assert result.tuned_tasks == 1 and result.tuned == [conv_task[0].name]
     assert result.total_tasks == len(prim) and len(result.missing) == result.total_tasks - 1
     assert "relax.nn.batch_norm" not in result.relax_ops
+    assert result.conv_layout == "NHWC"  # the CPU default
     out = load_and_run(result.lib_path, [x.numpy() for x in inputs])
     tol = tolerance_for(model)
     assert tol == {"rtol": 1e-3, "atol": 1e-3, "relative_atol": True}
     assert check_against_torch(model, inputs, out, **tol)["max_rel_diff"] < 1e-5
+
+
+def test_convolution_layout_follows_the_database_and_relu6_stays_fused(tmp_path, target):
+    """NHWC is the CPU default; a database tuned in NCHW still builds in NCHW, forcing the other
+    layout leaves its tasks missing, and ReLU6 (``clip``) does not cost transposes in NHWC."""
+    from cwm.deploy import build_network, check_against_torch, conv_layout_of, extract_tasks, load_and_run, \
+        relax_from_torch
+    from cwm.errors import CwmError
+    from cwm.tuning import tune
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU6(), torch.nn.Conv2d(8, 8, 3, padding=1, groups=8),
+        torch.nn.ReLU6(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+    ).eval()
+    inputs = (torch.randn(1, 3, 16, 16),)
+    mod = relax_from_torch(model, inputs, target)
+
+    nhwc = extract_tasks(mod, target)
+    assert {conv_layout_of(t.mod) for t in nhwc} - {None} == {"NHWC"}
+    assert len([t for t in nhwc if "transpose" in t.name]) <= 2, [t.name for t in nhwc]  # in and out only
+    nchw = extract_tasks(mod, target, conv_layout="NCHW")
+    assert {conv_layout_of(t.mod) for t in nchw} - {None} == {"NCHW"}
+    with pytest.raises(CwmError, match="convolution layout"):
+        extract_tasks(mod, target, conv_layout="NCWH")
+
+    largest = max(nchw, key=lambda t: t.flops)
+    tune([largest], trials=4, work_dir=tmp_path / "db", cost_model="xgb", target=target, progress=False,
+         num_trials_per_iter=4, report=False)
+    result = build_network(mod, tmp_path / "db", target, tmp_path / "nchw.so")
+    assert result.conv_layout == "NCHW" and result.tuned_tasks == 1
+    out = load_and_run(result.lib_path, [x.numpy() for x in inputs])
+    assert check_against_torch(model, inputs, out)["max_rel_diff"] < 1e-5
+    forced = build_network(mod, tmp_path / "db", target, conv_layout="NHWC")
+    assert forced.conv_layout == "NHWC" and forced.tuned_tasks == 0
+    untuned = build_network(mod, None, target, tmp_path / "nhwc.so")
+    out = load_and_run(untuned.lib_path, [x.numpy() for x in inputs])
+    assert check_against_torch(model, inputs, out)["max_rel_diff"] < 1e-5
 
 
 def test_database_of_another_network_falls_back_visibly(mlp_build, tmp_path, target, caplog):

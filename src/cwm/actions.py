@@ -184,15 +184,16 @@ def without_layout_rewrites(actions: list[dict]) -> list[dict]:
     preprocessing, and TransformLayout. They follow from the schedule before them and decide nothing;
     the world model scores what decides, and was trained on traces that have none.
     """
+    def marks_rewrite(a: dict) -> bool:
+        return a["kind"] == "Annotate" and a["attrs"][:1] == [LAYOUT_REWRITE_ANNOTATION]
+
     start = next((i for i, a in enumerate(actions) if a["kind"] == "EnterPostproc"), len(actions))
-    marked = {a["inputs"][0] for a in actions[start:]
-              if a["kind"] == "Annotate" and a["attrs"][:1] == [LAYOUT_REWRITE_ANNOTATION] and a["inputs"]}
+    marked = {a["inputs"][0] for a in actions[start:] if marks_rewrite(a) and a["inputs"]}
     if not marked:
         return actions
 
     def derived(a: dict) -> bool:
-        return (a["kind"] == "TransformLayout"
-                or (a["kind"] == "Annotate" and a["attrs"][:1] == [LAYOUT_REWRITE_ANNOTATION])
+        return (a["kind"] == "TransformLayout" or marks_rewrite(a)
                 or (a["kind"] == "CacheRead" and bool(set(a["outputs"]) & marked)))
 
     return actions[:start] + [a for a in actions[start:] if not derived(a)]

@@ -87,6 +87,24 @@ class RPCAddress:
         return len(servers)
 
 
+def alloc_arguments(device, args_info, alloc_repeat: int) -> list:
+    """MetaSchedule's random arguments, except integer tensors, which are all zeros.
+
+    Integer inputs are indices (an embedding's token ids, a gather's positions): random ones fall
+    outside the table and crash the runner, so the gather could never be measured. Zero is in range
+    of every non-empty table.
+    """
+    import numpy as np
+    from tvm.s_tir.meta_schedule.runner.local_runner import default_alloc_argument
+
+    repeated = default_alloc_argument(device, args_info, alloc_repeat)
+    for args in repeated:
+        for arg in args:
+            if str(arg.dtype).startswith(("int", "uint")):
+                arg.copyfrom(np.zeros([int(d) for d in arg.shape], dtype=str(arg.dtype)))
+    return repeated
+
+
 def make_runner(settings: EvaluatorSettings | None = None, rpc: RPCAddress | None = None,
                 max_workers: int | None = None):
     """A LocalRunner, or an RPCRunner through a tracker when ``rpc`` is given.
@@ -98,7 +116,8 @@ def make_runner(settings: EvaluatorSettings | None = None, rpc: RPCAddress | Non
 
     settings = settings or EvaluatorSettings()
     if rpc is None:
-        return ms.runner.LocalRunner(timeout_sec=settings.timeout_sec, evaluator_config=settings.config())
+        return ms.runner.LocalRunner(timeout_sec=settings.timeout_sec, evaluator_config=settings.config(),
+                                     f_alloc_argument=alloc_arguments)
     rpc.check_reachable()
     if max_workers is None:
         max_workers = rpc.server_count()
@@ -127,7 +146,8 @@ def error_kind(builder_error: str | None, runner_error: str | None) -> str | Non
 
 def random_arguments(mod, device) -> list:
     """Random input/output tensors for the built "main" of ``mod``: a weight whose layout a
-    schedule rewrites is passed in the rewritten layout (the rewrite block is not built)."""
+    schedule rewrites is passed in the rewritten layout (the rewrite block is not built).
+    Integer tensors are zeros (``rand`` truncates), so gather indices stay in range."""
     import numpy as np
     import tvm
     import tvm.s_tir.meta_schedule as ms

@@ -339,7 +339,7 @@ def write_report(result: TuneResult, work_dir: Path) -> None:
                               schedule_text(t, result.best[t.id]["trace"]) + "\n")
 
 
-def measure_median(task, trace_json, target=None, runs: int = 30, min_ms: float = 10.0) -> float:
+def measure_median(task, trace_json, target=None, runs: int = 30, min_ms: int = 10) -> float:
     """Re-measure one schedule carefully in this process: median of ``runs`` timed repeats."""
     import numpy as np
     import tvm
@@ -349,5 +349,5 @@ def measure_median(task, trace_json, target=None, runs: int = 30, min_ms: float 
 
     target = target or make_target()
     lib, args = compile_schedule(task, trace_json, target)
-    f = lib.time_evaluator("main", tvm.device("cuda" if target.kind.name == "cuda" else "cpu", 0), number=1, repeat=runs, min_repeat_ms=min_ms)
+    f = lib.time_evaluator("main", tvm.device("cuda" if target.kind.name == "cuda" else "cpu", 0), number=1, repeat=runs, min_repeat_ms=int(min_ms))
     return float(np.median(f(*args).results))

@@ -324,7 +324,7 @@ def _benchmark_network(name, model, inputs, *, target, config, out_dir, work_roo
     for key, (path, db) in libs.items():
         meta = _build_cached(mod_fn, db, target, path, weights)
         entry["builds"][key] = {k: meta.get(k) for k in ("lib_path", "total_tasks", "tuned_tasks", "missing",
-                                                          "fast_math", "weight_prepack", "prepacked",
+                                                          "fast_math", "weight_prepack", "conv_layout", "prepacked",
                                                           "seconds", "cached")}
 
     # 3. Correctness against PyTorch.
@@ -468,8 +468,9 @@ def markdown(summary: dict) -> str:
                 if chk.get("ok"):
                     ok += f" (max diff {chk['max_abs_diff']:.1e})"
                 prepacked = f", {len(b['prepacked'])} with prepacked weights" if b.get("prepacked") else ""
+                layout = f", convolutions in {b['conv_layout']}" if b.get("conv_layout") else ""
                 lines.append(f"| {name} | {cm} | {seed} | {e['trials_per_cost_model']} | {t['seconds']:.0f} | "
-                             f"{b.get('tuned_tasks')} / {b.get('total_tasks')}{prepacked} | {ok} |")
+                             f"{b.get('tuned_tasks')} / {b.get('total_tasks')}{prepacked}{layout} | {ok} |")
     lines += ["", "## Roofline: best tuned kernels of the largest compute-bound tasks", "",
               "| network | task | kind | GFLOP | " + " | ".join(
                   f"{cm} GFLOP/s (of peak)" for cm in cfg["cost_models"]) + " |",
