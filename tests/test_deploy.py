@@ -549,3 +549,15 @@ def test_e2e_markdown_names_each_networks_peak():
     assert "World model" not in markdown(summary)
     summary["world_model"] = {"path": "/models/zen3", "trained_on": "znver3"}
     assert "World model of `cwm`: `/models/zen3` (trained on `znver3`)." in markdown(summary)
+
+
+def test_e2e_names_a_shipped_model_without_the_checkout_path(tmp_path, monkeypatch):
+    from cwm.benchmarks.e2e import _portable_path
+    from cwm.world_model import shipped_models
+
+    name, path = next(iter(shipped_models().items()))
+    assert _portable_path(path) == f"cwm/pretrained/{name}"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models" / "mine").mkdir(parents=True)
+    assert _portable_path(tmp_path / "models" / "mine") == "models/mine"
+    assert _portable_path("/") == "/"

@@ -114,6 +114,18 @@ def _build_cached(mod_fn, db_dir, target, lib_path: Path, weights: str) -> dict:
     return meta
 
 
+def _portable_path(path) -> str:
+    """A shipped model as ``cwm/pretrained/NAME``, a path under the working directory relative to it:
+    results committed from one checkout read the same in another."""
+    import cwm
+
+    path = Path(path).resolve()
+    for base in (Path(cwm.__file__).parent.parent, Path.cwd().resolve()):
+        if path.is_relative_to(base):
+            return str(path.relative_to(base))
+    return str(path)
+
+
 def _tune_timed(tasks, budget, work_dir: Path, cost_model, model_path, target, seed, per_iter, progress):
     """tune() of the compute tasks, then tune_layout_tasks() of the layout tasks, with the wall time
     accumulated across resumed invocations in the work directory. ``tasks``: all of the network's."""
@@ -241,7 +253,8 @@ def run_e2e_benchmark(
     hw = host_cpu()
     summary["host"] = {"cpu": hw.model, "cores": hw.cores, "threads": threads, "python": platform.python_version()}
     if "cwm" in cost_models:
-        summary["world_model"] = {"path": str(path), "trained_on": (world_model.config.hardware or {}).get("mcpu")}
+        summary["world_model"] = {"path": _portable_path(path),
+                                  "trained_on": (world_model.config.hardware or {}).get("mcpu")}
     peak = peak_matmul_stats(n=peak_n, runs=30, threads=threads)
     summary["peak_matmul_gflops"] = peak["median"]
     # The fastest call too: on a shared machine the median can be depressed by other load.
