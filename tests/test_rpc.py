@@ -48,6 +48,17 @@ def test_tune_through_rpc_with_two_servers(tmp_path, tiny_task, rpc_farm):
     assert tiny_task.id in result.best
 
 
+def test_a_gather_is_measured_through_rpc(tmp_path, rpc_farm):
+    from cwm.tuning import tune
+
+    from .test_collect import _gather_task
+
+    task = _gather_task()
+    result = tune(task, trials=2, work_dir=tmp_path, cost_model="random", rpc=rpc_farm, num_trials_per_iter=2,
+                  progress=False, report=False)
+    assert task.id in result.best and result.best[task.id]["latency"] < 1e-2
+
+
 def test_parallel_collect_through_rpc_merges_shards(tmp_path, rpc_farm):
     from cwm.collect import SHARD_DIR, collect, existing_counts, measured_trace_keys
     from cwm.workloads import get_task

@@ -87,22 +87,31 @@ class RPCAddress:
         return len(servers)
 
 
-def alloc_arguments(device, args_info, alloc_repeat: int) -> list:
-    """MetaSchedule's random arguments, except integer tensors, which are all zeros.
-
-    Integer inputs are indices (an embedding's token ids, a gather's positions): random ones fall
-    outside the table and crash the runner, so the gather could never be measured. Zero is in range
-    of every non-empty table.
-    """
+def _zero_integer_tensors(repeated: list) -> list:
+    """Integer inputs are indices (an embedding's token ids, a gather's positions): MetaSchedule's
+    random ones fall outside the table and crash the runner, so a gather could never be measured.
+    Zero is in range of every non-empty table."""
     import numpy as np
-    from tvm.s_tir.meta_schedule.runner.local_runner import default_alloc_argument
 
-    repeated = default_alloc_argument(device, args_info, alloc_repeat)
     for args in repeated:
         for arg in args:
             if str(arg.dtype).startswith(("int", "uint")):
                 arg.copyfrom(np.zeros([int(d) for d in arg.shape], dtype=str(arg.dtype)))
     return repeated
+
+
+def alloc_arguments(device, args_info, alloc_repeat: int) -> list:
+    """The LocalRunner's arguments: MetaSchedule's random ones, integer tensors all zeros."""
+    from tvm.s_tir.meta_schedule.runner.local_runner import default_alloc_argument
+
+    return _zero_integer_tensors(default_alloc_argument(device, args_info, alloc_repeat))
+
+
+def alloc_rpc_arguments(session, device, args_info, alloc_repeat: int) -> list:
+    """The RPCRunner's arguments, on the remote device: as ``alloc_arguments``."""
+    from tvm.s_tir.meta_schedule.runner.rpc_runner import default_alloc_argument
+
+    return _zero_integer_tensors(default_alloc_argument(session, device, args_info, alloc_repeat))
 
 
 def make_runner(settings: EvaluatorSettings | None = None, rpc: RPCAddress | None = None,
@@ -131,6 +140,7 @@ def make_runner(settings: EvaluatorSettings | None = None, rpc: RPCAddress | Non
             session_timeout_sec=max(60, int(settings.timeout_sec * 2)),
         ),
         evaluator_config=settings.config(),
+        f_alloc_argument=alloc_rpc_arguments,
         max_workers=max_workers,
     )
 
