@@ -106,7 +106,7 @@ def test_trace_json_falls_back_when_the_native_serializer_fails(tiny_db, monkeyp
     rec = ms.database.JSONDatabase(work_dir=str(tiny_db), allow_missing=False).get_all_tuning_records()[0]
     expected = actions.trace_to_json(rec.trace)
 
-    def fails(trace, remove_postproc):
+    def fails(trace, remove_postproc, metadata):
         raise TypeError("no plain JSON value")
 
     monkeypatch.setattr(actions, "_NATIVE", fails)
@@ -115,3 +115,49 @@ def test_trace_json_falls_back_when_the_native_serializer_fails(tiny_db, monkeyp
     assert actions.trace_json_from_text(text, rec.trace) == expected
     monkeypatch.setattr(actions, "_NATIVE", False)  # never built
     assert actions.trace_to_json(rec.trace) == expected
+
+
+def _layout_rewritten_schedule(target):
+    """A dense task with a layout-free weight, scheduled and post-processed: its trace ends with
+    RewriteLayout's TransformLayout, whose IndexMap input has no plain JSON value."""
+    import tvm.s_tir.meta_schedule as ms
+    from tvm import te
+
+    a = te.placeholder((16, 32), name="A")
+    w = te.placeholder((32, 64), name="W")
+    k = te.reduce_axis((0, 32), name="k")
+    c = te.compute((16, 64), lambda i, j: te.sum(a[i, k] * w[k, j], axis=k), name="C")
+    func = te.create_prim_func([a, w, c]).with_attr("layout_free_buffers", [1])
+    mod = tvm.IRModule({"main": func})
+    ctx = ms.TuneContext(mod=mod, target=target, space_generator="post-order-apply",
+                         search_strategy="replay-trace", task_name="dense", rand_state=0, num_threads=1)
+    sch = ctx.generate_design_space()[0]
+    for postproc in ctx.space_generator.postprocs:
+        assert postproc.apply(sch)
+    assert any(inst.kind.name == "TransformLayout" for inst in sch.trace.insts)
+    return mod, sch
+
+
+def test_layout_rewrites_serialize_as_the_database_stores_them(tmp_path, monkeypatch):
+    """The fast (native) and fallback serializers both give a live trace's IndexMap inputs the form the
+    JSON database stores, so cost-model cache keys and resumed-search dedup keys agree with the records."""
+    import tvm.s_tir.meta_schedule as ms
+
+    import cwm.actions as actions
+    from cwm.database import load_raw
+    from cwm.hardware import make_target
+
+    target = make_target()
+    mod, sch = _layout_rewritten_schedule(target)
+    db = ms.database.JSONDatabase(work_dir=str(tmp_path))
+    workload = db.commit_workload(mod)
+    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, [1e-3], target,
+                                                     ms.arg_info.ArgInfo.from_prim_func(mod["main"])))
+    stored = load_raw(tmp_path).records[0].trace_json
+    assert any(inst[0] == "TransformLayout" for inst in stored[0])
+
+    text = actions.trace_json_text(sch.trace)
+    assert text.startswith("[")  # the native serializer, not the slow object-graph fallback
+    assert actions.trace_json_from_text(text, sch.trace) == stored
+    monkeypatch.setattr(actions, "_NATIVE", False)
+    assert actions.trace_to_json(sch.trace) == stored

@@ -39,7 +39,27 @@ def to_plain(obj: Any) -> Any:
         return {str(to_plain(k)): to_plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)) or hasattr(obj, "__len__"):
         return [to_plain(x) for x in obj]
+    import tvm_ffi
+
+    if isinstance(obj, tvm_ffi.Object):
+        return object_json_string(obj)
     return str(obj)
+
+
+def object_json_string(obj) -> str:
+    """A trace value with no plain JSON form (``RewriteLayout``'s IndexMap inputs) as MetaSchedule's JSON
+    database stores it: its JSON object graph, indented by 2. A live trace and the same trace read back
+    from a database then give identical actions and dedup keys."""
+    import tvm_ffi
+
+    graph = tvm_ffi.get_global_func("ffi.ToJSONGraph")(obj, _graph_metadata())
+    return str(tvm_ffi.get_global_func("ffi.json.Stringify")(graph, 2))
+
+
+def _graph_metadata() -> dict:
+    import tvm
+
+    return {"tvm_version": tvm.__version__}  # what tvm.ir.save_json adds
 
 
 class _NotPlain(Exception):
@@ -132,7 +152,7 @@ def trace_json_text(trace, remove_postproc: bool = False) -> str:
     native = native_trace_json()
     if native is not None:
         try:
-            return native(trace, remove_postproc)
+            return native(trace, remove_postproc, _graph_metadata())
         except Exception:  # a value with no plain form (e.g. an IndexMap attribute)
             pass
     return trace_graph_string(trace, remove_postproc)
@@ -145,7 +165,10 @@ def trace_json_from_text(text: str, trace, remove_postproc: bool = False) -> lis
     try:
         return _from_json_graph(text)
     except _NotPlain:
-        return to_plain(trace.as_json(remove_postproc=remove_postproc))
+        from tvm.s_tir.schedule import _ffi_api as schedule_api
+
+        # The FFI value, not Trace.as_json, which turns an IndexMap into unindented JSON
+        return to_plain(schedule_api.TraceAsJSON(trace, remove_postproc))
 
 
 def trace_to_json(trace, remove_postproc: bool = False) -> list:

@@ -277,7 +277,7 @@ def default_weight_prepack(target) -> bool:
 
 
 CONV_LAYOUTS = ("NCHW", "NHWC")
-_CONV_BLOCK = re.compile(r'T\.sblock\("(?:group_)?conv2d_(nchw|nhwc)"\)')
+_CONV_BLOCK = re.compile(r"(?:group_)?conv2d_(nchw|nhwc)")
 
 
 def default_conv_layout(target) -> str:
@@ -289,8 +289,13 @@ def default_conv_layout(target) -> str:
 
 def conv_layout_of(prim_mod) -> str | None:
     """The data layout of a task's 2-D convolution ("NCHW" or "NHWC"), None if it has none."""
-    found = _CONV_BLOCK.search(prim_mod.script())
-    return found.group(1).upper() if found else None
+    from .database import block_names
+
+    for name in block_names(prim_mod):
+        found = _CONV_BLOCK.fullmatch(name)
+        if found:
+            return found.group(1).upper()
+    return None
 
 
 def fused_module(mod, target, weight_prepack: bool | None = None, conv_layout: str | None = None):

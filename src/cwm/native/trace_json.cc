@@ -1,8 +1,11 @@
 // A trace's MetaSchedule JSON as a compact plain-JSON string, in one call.
 //
 // TVM's generic object-graph serializer (ffi.ToJSONGraphString) spends ~1 ms per trace; this
-// walks the TraceAsJSON value directly. Anything it does not know raises, and the Python side
-// falls back to the object graph (cwm.actions.trace_json_text).
+// walks the TraceAsJSON value directly. Any other object (RewriteLayout's IndexMap inputs) becomes
+// the string MetaSchedule's JSON database stores for it: its JSON object graph with the caller's
+// metadata (tvm.ir.save_json's), indented by 2.
+// Anything that has no object graph raises, and the Python side falls back to the object graph
+// of the whole trace (cwm.actions.trace_json_text).
 #include <tvm/ffi/tvm_ffi.h>
 #include <tvm/ffi/reflection/accessor.h>
 
@@ -18,7 +21,7 @@ using namespace tvm::ffi;
 // IntImm/FloatImm immediates as their numbers (booleans as 0/1, as in MetaSchedule's files).
 class PlainJSONWriter {
  public:
-  PlainJSONWriter() {
+  explicit PlainJSONWriter(Any metadata) : metadata_(std::move(metadata)) {
     int_imm_ = TypeIndexOf("ir.IntImm");
     float_imm_ = TypeIndexOf("ir.FloatImm");
     if (int_imm_ >= 0) int_value_ = reflection::GetFieldInfo("ir.IntImm", "value");
@@ -67,6 +70,12 @@ class PlainJSONWriter {
       }
       return;
     }
+    if (type >= TypeIndex::kTVMFFIDynObjectBegin) {  // a registered node type, not a container
+      static Function to_graph = Function::GetGlobalRequired("ffi.ToJSONGraph");
+      static Function stringify = Function::GetGlobalRequired("ffi.json.Stringify");
+      WriteString(stringify(to_graph(value, metadata_), 2).cast<String>());
+      return;
+    }
     TVM_FFI_THROW(TypeError) << "no plain JSON value for type index " << type;
   }
 
@@ -108,6 +117,7 @@ class PlainJSONWriter {
   }
 
   std::string out_;
+  Any metadata_;
   int32_t int_imm_;
   int32_t float_imm_;
   const TVMFFIFieldInfo* int_value_ = nullptr;
@@ -116,11 +126,11 @@ class PlainJSONWriter {
 
 }  // namespace cwm_ext
 
-tvm::ffi::String trace_plain_json(tvm::ffi::ObjectRef trace, bool remove_postproc) {
+tvm::ffi::String trace_plain_json(tvm::ffi::ObjectRef trace, bool remove_postproc, tvm::ffi::Any metadata) {
   // Thread-safe static init; the writer itself is per call.
   static tvm::ffi::Function as_json = tvm::ffi::Function::GetGlobalRequired("s_tir.schedule.TraceAsJSON");
   tvm::ffi::Any json = as_json(trace, remove_postproc);
-  cwm_ext::PlainJSONWriter writer;
+  cwm_ext::PlainJSONWriter writer(metadata);
   writer.Write(json);
   return writer.Result();
 }

@@ -178,8 +178,9 @@ def _kind_for(task: Task) -> str:
 
 def _is_depthwise(mod) -> bool:
     """A grouped conv with one input channel per group (Relax legalizes it as group_conv2d)."""
-    text = mod.script()
-    return "group_conv2d" in text or "DepthwiseConv2d" in text
+    from ..database import block_names
+
+    return any(name.startswith("group_conv2d") or name.startswith("DepthwiseConv2d") for name in block_names(mod))
 
 
 def network_tasks(name: str, target=None) -> list[Task]:
