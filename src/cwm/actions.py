@@ -153,7 +153,7 @@ def trace_json_text(trace, remove_postproc: bool = False) -> str:
     if native is not None:
         try:
             return native(trace, remove_postproc, _graph_metadata())
-        except Exception:  # a value with no plain form (e.g. an IndexMap attribute)
+        except Exception:  # an object with no JSON object graph
             pass
     return trace_graph_string(trace, remove_postproc)
 
