@@ -335,6 +335,8 @@ def merge_database(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> in
     dst = load_raw(dst_dir, missing_ok=True)
     # (hash, block names) -> line: a structurally equal workload with other block names is kept
     # apart, or MetaSchedule could not replay the records' traces on it (see block_names).
+    # Parsing a workload is slow, so an identical line is matched by its text and the structural
+    # index is built only when some source workload has no identical line.
     names_of: dict[str, tuple] = {}
 
     def identity(entry) -> tuple:
@@ -342,16 +344,25 @@ def merge_database(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> in
             names_of[entry[1]] = block_names(workload_module(entry))
         return entry[0], names_of[entry[1]]
 
-    index_of = {identity(w): i for i, w in enumerate(dst.workloads) if w is not None}
+    same_text = {json.dumps(w): i for i, w in enumerate(dst.workloads) if w is not None}
+    index_of: dict[tuple, int] | None = None
+    dst_index_of_src: dict[int, int] = {}
     seen = {(r.workload_index, trace_key(r.trace_json)) for r in dst.records}
     new_workloads, new_records = [], []
     for rec in src.records:
-        entry = src.workloads[rec.workload_index]
-        workload = identity(entry)
-        if workload not in index_of:
-            index_of[workload] = len(dst.workloads) + len(new_workloads)
-            new_workloads.append(entry)
-        idx = index_of[workload]
+        if rec.workload_index not in dst_index_of_src:
+            entry = src.workloads[rec.workload_index]
+            idx = same_text.get(json.dumps(entry))
+            if idx is None:
+                if index_of is None:
+                    index_of = {identity(w): i for i, w in enumerate(dst.workloads) if w is not None}
+                workload = identity(entry)
+                if workload not in index_of:
+                    index_of[workload] = len(dst.workloads) + len(new_workloads)
+                    new_workloads.append(entry)
+                idx = index_of[workload]
+            dst_index_of_src[rec.workload_index] = idx
+        idx = dst_index_of_src[rec.workload_index]
         key = (idx, trace_key(rec.trace_json))
         if key in seen:
             continue
