@@ -302,6 +302,8 @@ CASES = [
     (["bench", "e2e", "resnet18", "--cost-models", "xgb,nosuch", "--out", "{tmp}/be"], ["unknown cost model 'nosuch'"]),
     (["bench", "e2e", "resnet18", "--cost-models", ",", "--out", "{tmp}/be"], ["at least one cost model"]),
     (["bench", "e2e", "resnet18", "--model", "{missing}", "--out", "{tmp}/be"], ["{missing} does not exist"]),
+    (["bench", "e2e-combine", "{missing}", "--out", "{tmp}/bc"], ["{missing}", "does not exist"]),
+    (["bench", "e2e-combine", "{notjson}", "--out", "{tmp}/bc"], ["not a readable e2e.json"]),
     # dataset
     (["dataset", "stats", "--db", "{png}"], ["{png} is a file"]),
     (["dataset", "stats", "--db", "{randdb}"], ["none of its", "parses"]),

@@ -551,6 +551,53 @@ def test_e2e_markdown_names_each_networks_peak():
     assert "World model of `cwm`: `/models/zen3` (trained on `znver3`)." in markdown(summary)
 
 
+def test_e2e_combine_keeps_each_networks_run_and_refuses_mixed_settings(tmp_path):
+    import math
+
+    from typer.testing import CliRunner
+
+    from cwm.benchmarks.e2e import combine_e2e_results
+    from cwm.cli import app
+
+    config = {"runs": 30, "seeds": [0], "trials_per_task": 1, "cost_models": ["xgb"], "timing_block": 5}
+
+    def net(speedup, peak, status="done"):
+        return {"status": status, "config": dict(config), "latency_ms": {"torch_eager": 2.0, "tvm_xgb": 2.0 / speedup},
+                "speedup_vs_eager": {"torch_eager": 1.0, "tvm_xgb": speedup}, "errors": {}, "total_tasks": 1,
+                "tunable_tasks": 1, "tuning": {}, "builds": {}, "checks": {}, "roofline": [],
+                "trials_per_cost_model": 1, "peak_matmul_gflops": peak, "peak_matmul_gflops_best": peak + 10}
+
+    def run(name, networks, **extra):
+        summary = {"config": dict(config), "host": {"threads": 2, "cpu": "test"}, "contenders": ["torch_eager", "tvm_xgb"],
+                   "peak_matmul_gflops": 150.0, "peak_matmul_gflops_best": 160.0, "networks": networks, **extra}
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "e2e.json").write_text(json.dumps(summary))
+        return tmp_path / name
+
+    a = run("a", {"n1": net(2.0, 100.0), "half": net(9.0, 1.0, status="tuning")})
+    b = run("b", {"n2": net(0.5, 120.0)})
+    out = tmp_path / "out"
+    combined = combine_e2e_results([a, b / "e2e.json"], out)
+    assert list(combined["networks"]) == ["n1", "n2"]  # the unfinished network is left out
+    assert math.isclose(combined["geomean_speedup_vs_eager"]["tvm_xgb"], 1.0)
+    assert combined["networks"]["n2"]["peak_matmul_gflops"] == 120.0
+    assert json.loads((out / "e2e.json").read_text())["sources"] == {"n1": str(a / "e2e.json"), "n2": str(b / "e2e.json")}
+    text = (out / "e2e.md").read_text()
+    assert f"n2 from `{b / 'e2e.json'}`" in text and "| n2 |" in text and "half" not in text
+    assert (out / "e2e.png").stat().st_size > 0
+    result = CliRunner().invoke(app, ["bench", "e2e-combine", str(a), str(b), "--out", str(tmp_path / "out_cli")])
+    assert result.exit_code == 0 and "2 networks: n1, n2" in result.stdout
+
+    with pytest.raises(CwmError, match="n1 is in both"):
+        combine_e2e_results([a, a], tmp_path / "dup")
+    other = net(1.0, 100.0)
+    other["config"]["trials_per_task"] = 64
+    with pytest.raises(CwmError, match="other settings"):
+        combine_e2e_results([a, run("c", {"n3": other})], tmp_path / "mixed")
+    with pytest.raises(CwmError, match="differ in host"):
+        combine_e2e_results([a, run("d", {"n4": net(1.0, 100.0)}, host={"threads": 1, "cpu": "test"})], tmp_path / "host")
+
+
 def test_e2e_names_a_shipped_model_without_the_checkout_path(tmp_path, monkeypatch):
     from cwm.benchmarks.e2e import _portable_path
     from cwm.world_model import shipped_models

@@ -386,6 +386,20 @@ def bench_e2e(
     typer.echo(f"report: {out / 'e2e.json'}, {out / 'e2e.md'}, {out / 'e2e.png'}")
 
 
+@bench_app.command("e2e-combine")
+def bench_e2e_combine(
+    sources: list[Path] = typer.Argument(..., help="e2e.json files (or their directories) of `cwm bench e2e` runs."),
+    out: Path = typer.Option(..., "--out", help="Directory for the combined e2e.json, e2e.md and e2e.png."),
+):
+    """One end-to-end report, and its geometric mean, from networks benchmarked in separate runs."""
+    from .benchmarks.e2e import combine_e2e_results
+
+    summary = combine_e2e_results(sources, out)
+    typer.echo(f"{len(summary['networks'])} networks: {', '.join(summary['networks'])}")
+    typer.echo(json.dumps(summary.get("geomean_speedup_vs_eager", {}), default=float))
+    typer.echo(f"report: {out / 'e2e.json'}, {out / 'e2e.md'}, {out / 'e2e.png'}")
+
+
 @dataset_app.command("stats")
 def dataset_stats(
     db: Path = typer.Option(..., "--db", help="MetaSchedule JSON database directory."),

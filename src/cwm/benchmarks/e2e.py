@@ -248,6 +248,7 @@ def run_e2e_benchmark(
             old = json.loads(json_path.read_text())
             summary["networks"] = {k: v for k, v in old.get("networks", {}).items()
                                    if v.get("config") == config and v.get("status") == "done"}
+            summary["sources"] = {k: v for k, v in old.get("sources", {}).items() if k in summary["networks"]}
         except (json.JSONDecodeError, OSError):
             log.warning("%s is unreadable; starting it over", json_path)
     hw = host_cpu()
@@ -392,6 +393,66 @@ def _benchmark_network(name, model, inputs, *, target, config, out_dir, work_roo
     return entry
 
 
+def combine_e2e_results(sources, out_dir) -> dict:
+    """One report from the finished networks of several ``e2e.json`` files (see ``run_e2e_benchmark``).
+
+    Each network keeps the figures of the run that measured it: its contenders were timed against
+    each other in one process, and its roofline against that run's own matmul peak, so its
+    speed-ups stand on their own; the geometric mean is taken over them. The runs must share the
+    settings (budget, seeds, cost models, target, timing), the host and the world model's
+    hardware, and no network may come from two files. Writes e2e.json, e2e.md and e2e.png in
+    ``out_dir``; ``sources`` in e2e.json says which file each network came from.
+    """
+    summaries = []
+    for path in map(Path, sources):
+        path = path / "e2e.json" if path.is_dir() else path
+        try:
+            summaries.append((path, json.loads(path.read_text())))
+        except FileNotFoundError:
+            raise CwmError(f"{path} does not exist") from None
+        except (json.JSONDecodeError, OSError) as err:
+            raise CwmError(f"{path} is not a readable e2e.json: {err}") from None
+    if not summaries:
+        raise CwmError("no e2e.json to combine")
+
+    def fail_unless_same(what: str, get) -> None:
+        values = {json.dumps(get(s), sort_keys=True): str(path) for path, s in summaries}
+        if len(values) > 1:
+            raise CwmError(f"the runs differ in {what}: " + "; ".join(f"{v}: {k}" for k, v in values.items()))
+
+    fail_unless_same("host", lambda s: s.get("host"))
+    fail_unless_same("contenders", lambda s: s.get("contenders"))
+    fail_unless_same("world model hardware", lambda s: (s.get("world_model") or {}).get("trained_on"))
+    first_path, first = summaries[0]
+    combined = {k: first[k] for k in ("config", "host", "contenders", "peak_matmul_gflops", "peak_matmul_gflops_best")
+                if k in first}
+    if first.get("world_model"):
+        combined["world_model"] = first["world_model"]
+    combined["networks"], combined["sources"] = {}, {}
+    for path, summary in summaries:
+        for name, entry in summary.get("networks", {}).items():
+            if entry.get("status") != "done":
+                log.warning("%s: %s is not finished there; left out", path, name)
+                continue
+            if name in combined["networks"]:
+                raise CwmError(f"{name} is in both {combined['sources'][name]} and {path}; combine one of them")
+            if entry.get("config") != first["config"]:
+                raise CwmError(f"{name} in {path} was run with other settings than {first_path}: "
+                               f"{entry.get('config')} against {first['config']}")
+            entry = dict(entry)
+            # Entries written before each network kept its own peak used their run's.
+            entry.setdefault("peak_matmul_gflops", summary["peak_matmul_gflops"])
+            entry.setdefault("peak_matmul_gflops_best", summary.get("peak_matmul_gflops_best", float("nan")))
+            combined["networks"][name] = entry
+            combined["sources"][name] = str(path)
+    if not combined["networks"]:
+        raise CwmError("none of the runs has a finished network")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _finish(combined, out_dir)
+    return combined
+
+
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
@@ -440,6 +501,9 @@ def markdown(summary: dict) -> str:
     if summary.get("world_model"):
         wm = summary["world_model"]
         lines += [f"World model of `cwm`: `{wm['path']}` (trained on `{wm['trained_on']}`).", ""]
+    if summary.get("sources"):
+        lines += ["Networks measured in other runs with the same settings and host, each as measured there: " + ", ".join(
+            f"{name} from `{path}`" for name, path in summary["sources"].items()) + ".", ""]
     lines += [
         "| network | tasks (tunable) | " + " | ".join(_label(c) for c in contenders) + " |",
         "|---|---|" + "---|" * len(contenders),
@@ -512,7 +576,7 @@ def plot(summary: dict, path: Path) -> None:
         row = [summary["networks"][n]["speedup_vs_eager"].get(c) for n in summary["networks"]]
         row.append(summary.get("geomean_speedup_vs_eager", {}).get(c))
         values.append([v if v else np.nan for v in row])
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(groups) + 2), 4))
+    fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(groups) + 3.5), 4))
     width = 0.8 / max(1, len(contenders))
     x = np.arange(len(groups))
     for i, (c, row) in enumerate(zip(contenders, values)):
@@ -525,7 +589,7 @@ def plot(summary: dict, path: Path) -> None:
     if finite and max(finite) / max(min(finite), 1e-9) > 20:
         ax.set_yscale("log")
     ax.set_title(f"End-to-end latency, batch 1, {summary['host']['threads']} threads")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # outside: bars fill the axes
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
