@@ -304,6 +304,8 @@ CASES = [
     (["bench", "e2e", "resnet18", "--model", "{missing}", "--out", "{tmp}/be"], ["{missing} does not exist"]),
     (["bench", "e2e-combine", "{missing}", "--out", "{tmp}/bc"], ["{missing}", "does not exist"]),
     (["bench", "e2e-combine", "{notjson}", "--out", "{tmp}/bc"], ["not a readable e2e.json"]),
+    (["bench", "e2e-combine", "{png}", "--out", "{tmp}/bc"], ["not a readable e2e.json"]),
+    (["bench", "e2e-combine", "{list}", "--out", "{tmp}/bc"], ["not a readable e2e.json", "no 'networks'"]),
     # dataset
     (["dataset", "stats", "--db", "{png}"], ["{png} is a file"]),
     (["dataset", "stats", "--db", "{randdb}"], ["none of its", "parses"]),

@@ -407,11 +407,14 @@ def combine_e2e_results(sources, out_dir) -> dict:
     for path in map(Path, sources):
         path = path / "e2e.json" if path.is_dir() else path
         try:
-            summaries.append((path, json.loads(path.read_text())))
+            summary = json.loads(path.read_text())
         except FileNotFoundError:
             raise CwmError(f"{path} does not exist") from None
-        except (json.JSONDecodeError, OSError) as err:
+        except (OSError, ValueError) as err:  # ValueError: not JSON, or not text at all
             raise CwmError(f"{path} is not a readable e2e.json: {err}") from None
+        if not isinstance(summary, dict) or not isinstance(summary.get("networks"), dict):
+            raise CwmError(f"{path} is not a readable e2e.json: it has no 'networks' object")
+        summaries.append((path, summary))
     if not summaries:
         raise CwmError("no e2e.json to combine")
 
