@@ -442,7 +442,10 @@ def test_a_single_contender_is_timed_without_pauses_or_untimed_calls(monkeypatch
 
 
 def test_e2e_benchmark_tiny_mode(mlp_build, tmp_path, target):
-    from cwm.benchmarks.e2e import run_e2e_benchmark
+    import tarfile
+
+    from cwm.benchmarks.e2e import TUNING_TIME_FILE, database_archive_path, run_e2e_benchmark
+    from cwm.database import RECORD_FILE, WORKLOAD_FILE
 
     model, inputs, _, db, _ = mlp_build
     work_root = tmp_path / "work"
@@ -473,6 +476,9 @@ def test_e2e_benchmark_tiny_mode(mlp_build, tmp_path, target):
     assert e["peak_matmul_gflops"] == data["peak_matmul_gflops"]
     assert data["geomean_speedup_vs_eager"]["tvm_xgb"] > 0
     assert "geometric mean" in (out / "e2e.md").read_text()
+    with tarfile.open(database_archive_path(out, "mlp")) as tar:
+        names = set(tar.getnames())
+    assert {f"mlp/xgb/seed0/{f}" for f in (RECORD_FILE, WORKLOAD_FILE, TUNING_TIME_FILE)} <= names
     # Resumable: a second run with the same settings skips the finished network.
     again = run_e2e_benchmark([("mlp", model, inputs)], out, **kwargs)
     assert again["networks"]["mlp"]["seconds"] == e["seconds"]
@@ -483,7 +489,11 @@ def test_e2e_benchmark_tiny_mode(mlp_build, tmp_path, target):
     with torch.no_grad():
         changed[0].weight.mul_(-1.0)
     (out / "e2e.json").unlink()
+    # The work directories lost too (another machine): tuning resumes from the archive beside the report.
+    shutil.rmtree(work_root)
     redo = run_e2e_benchmark([("mlp", changed, inputs)], out, **kwargs)["networks"]["mlp"]
+    times = json.loads((work_root / "mlp" / "xgb" / "seed0" / TUNING_TIME_FILE).read_text())
+    assert times["invocations"] == 2 and redo["tuning"]["xgb"]["0"]["tasks_with_records"] == 2
     # (Not re-checked here: this process still has the old libraries loaded; dlopen reuses them by path.)
     assert not any(b["cached"] for b in redo["builds"].values())
 
@@ -608,3 +618,28 @@ def test_e2e_names_a_shipped_model_without_the_checkout_path(tmp_path, monkeypat
     (tmp_path / "models" / "mine").mkdir(parents=True)
     assert _portable_path(tmp_path / "models" / "mine") == "models/mine"
     assert _portable_path("/") == "/"
+
+
+def test_e2e_database_archive_restores_one_work_dir_and_refuses_a_corrupt_one(tmp_path):
+    from cwm.benchmarks.e2e import _archive_databases, _restore_work_dir
+    from cwm.database import RECORD_FILE
+    from cwm.errors import CwmError
+
+    for cm, seed in (("xgb", 0), ("cwm", 0), ("cwm", 1)):
+        wd = tmp_path / "work" / "net" / cm / f"seed{seed}"
+        wd.mkdir(parents=True)
+        (wd / RECORD_FILE).write_text(f"{cm} {seed}\n")
+        (wd / "best_so_far.png").write_bytes(b"\x89PNG")  # not a database: left out
+    archive = tmp_path / "databases_net.tar.gz"
+    _archive_databases(archive, tmp_path / "work" / "net", "net")
+    target = tmp_path / "elsewhere" / "cwm" / "seed1"
+    assert _restore_work_dir(archive, target, "net", "cwm", 1)
+    assert sorted(p.name for p in target.iterdir()) == [RECORD_FILE]
+    assert (target / RECORD_FILE).read_text() == "cwm 1\n"
+    (target / RECORD_FILE).write_text("newer\n")
+    assert not _restore_work_dir(archive, target, "net", "cwm", 1)  # never overwrites a database
+    assert (target / RECORD_FILE).read_text() == "newer\n"
+    assert not _restore_work_dir(archive, tmp_path / "x", "net", "xgb", 2)  # not in the archive
+    archive.write_bytes(b"not a tar")
+    with pytest.raises(CwmError, match="unreadable"):
+        _restore_work_dir(archive, tmp_path / "y", "net", "xgb", 0)

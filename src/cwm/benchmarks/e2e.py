@@ -11,7 +11,10 @@ of a measured torch matmul peak.
 
 Everything is resumable: tuning resumes from each work directory's database, libraries are
 rebuilt only when their database changed, and ``e2e.json`` is rewritten after each network (a
-finished network with the same settings is skipped on the next run).
+finished network with the same settings is skipped on the next run). After each cost model and
+seed, the network's tuning databases are archived beside the report
+(``databases_<network>.tar.gz``): the figures keep their databases, and a run whose work directories
+were lost (another machine, a cleaned ``runs/``) resumes from the archive.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import platform
+import tarfile
 import time
 from pathlib import Path
 
@@ -142,6 +147,44 @@ def _tune_timed(tasks, budget, work_dir: Path, cost_model, model_path, target, s
         elapsed = time.time() - start
         total = add_invocation_time(work_dir / TUNING_TIME_FILE, elapsed)
     return result, total["seconds"], elapsed
+
+
+def database_archive_path(out_dir: Path, network: str) -> Path:
+    return Path(out_dir) / f"databases_{_safe(network)}.tar.gz"
+
+
+def _archive_databases(archive: Path, network_dir: Path, network: str) -> None:
+    """Write the JSON files (databases, task lists, tuning time, failures) of every work directory
+    under ``network_dir`` (``<cost model>/seed<k>``) into ``archive`` as ``network/...``, replacing
+    it atomically."""
+    base = Path(network_dir)
+    files = sorted(f for f in base.glob("*/seed*/*") if f.is_file() and f.suffix in (".json", ".jsonl"))
+    tmp = archive.with_name(archive.name + ".tmp")
+    with tarfile.open(tmp, "w:gz") as tar:
+        for f in files:
+            tar.add(f, arcname=f"{network}/{f.relative_to(base).as_posix()}")
+    os.replace(tmp, archive)
+
+
+def _restore_work_dir(archive: Path, work_dir: Path, network: str, cost_model: str, seed: int) -> bool:
+    """Refill an empty work directory from ``archive``; True if something was restored."""
+    if (work_dir / RECORD_FILE).exists() or not archive.exists():
+        return False
+    prefix = f"{network}/{cost_model}/seed{seed}/"
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            members = [m for m in tar.getmembers()
+                       if m.isfile() and m.name.startswith(prefix) and "/" not in m.name[len(prefix):]]
+            if not members:
+                return False
+            work_dir.mkdir(parents=True, exist_ok=True)
+            for m in members:
+                with tar.extractfile(m) as src:
+                    atomic_write_text(work_dir / m.name[len(prefix):], src.read().decode())
+    except (tarfile.TarError, OSError, UnicodeDecodeError) as err:
+        raise CwmError(f"{archive} is unreadable ({err}); move it away to tune {work_dir} from scratch") from None
+    log.warning("%s: restored %d files from %s", work_dir, len(members), archive)
+    return True
 
 
 def _roofline(tasks, tune_results: dict, peak: tuple[float, float], top: int) -> list[dict]:
@@ -313,11 +356,13 @@ def _benchmark_network(name, model, inputs, *, target, config, out_dir, work_roo
     # 1. Tuning, the same budget for every cost model and seed. Seed-major, so the cost models
     # alternate in time (machine drift hits both) and an interrupted run leaves complete seed pairs.
     tune_results: dict[str, dict[int, object]] = {cm: {} for cm in cost_models}
+    archive = database_archive_path(out_dir, name)
     for seed in seeds:
         for cm in cost_models:
             wd = work_root / name / cm / f"seed{seed}"
             if not tasks:
                 continue
+            _restore_work_dir(archive, wd, _safe(name), cm, seed)
             result, total_s, this_s = _tune_timed(all_tasks, budget, wd, cm, model_path, target, seed, per_iter,
                                                   progress)
             tune_results[cm][seed] = result
@@ -326,6 +371,7 @@ def _benchmark_network(name, model, inputs, *, target, config, out_dir, work_roo
                 "weighted_latency_ms": (result.weighted_latency * 1e3 if result.weighted_latency else None),
                 "tasks_with_records": len(result.best),
             }
+            _archive_databases(archive, work_root / name, _safe(name))
 
     # 2. Builds: untuned, and one per cost model and seed.
     lib_dir = out_dir / "libs" / _safe(name)
