@@ -367,7 +367,10 @@ def bench_e2e(
     trials_per_task: int = typer.Option(64, help="Tuning budget per task (weighted, gradient scheduler)."),
     model: Optional[Path] = typer.Option(None, help="World model directory (default: the shipped model)."),
     out: Path = typer.Option(Path("benchmarks/results/e2e")),
-    work_root: Path = typer.Option(Path("runs/bench_e2e"), help="Per-network tuning databases (resumable)."),
+    work_root: Path = typer.Option(
+        Path("runs/bench_e2e"),
+        help="Per-network tuning databases (resumable; also archived in OUT as databases_<network>.tar.gz, "
+             "which a run without them resumes from)."),
     runs: int = typer.Option(30, help="Timed runs per contender (median), interleaved."),
     seeds: int = typer.Option(1, help="Tuning seeds per cost model (latency is their geometric mean)."),
     cost_models: str = typer.Option("xgb,cwm", help="Comma-separated cost models to tune with."),
