@@ -620,7 +620,9 @@ def test_e2e_names_a_shipped_model_without_the_checkout_path(tmp_path, monkeypat
     assert _portable_path("/") == "/"
 
 
-def test_e2e_database_archive_restores_one_work_dir_and_refuses_a_corrupt_one(tmp_path):
+def test_e2e_database_archive_restores_one_work_dir_and_refuses_a_corrupt_one(tmp_path, monkeypatch):
+    import tarfile
+
     from cwm.benchmarks.e2e import _archive_databases, _restore_work_dir
     from cwm.database import RECORD_FILE
     from cwm.errors import CwmError
@@ -640,6 +642,18 @@ def test_e2e_database_archive_restores_one_work_dir_and_refuses_a_corrupt_one(tm
     assert not _restore_work_dir(archive, target, "net", "cwm", 1)  # never overwrites a database
     assert (target / RECORD_FILE).read_text() == "newer\n"
     assert not _restore_work_dir(archive, tmp_path / "x", "net", "xgb", 2)  # not in the archive
+    # A write that fails half-way keeps the old archive and leaves no temporary file beside it.
+    before = archive.read_bytes()
+
+    def failing_add(self, *args, **kwargs):
+        raise OSError("disk full")
+
+    with monkeypatch.context() as m:
+        m.setattr(tarfile.TarFile, "add", failing_add)
+        with pytest.raises(OSError):
+            _archive_databases(archive, tmp_path / "work" / "net", "net")
+    assert archive.read_bytes() == before and sorted(p.name for p in archive.parent.iterdir() if p.is_file()) == [
+        archive.name]
     archive.write_bytes(b"not a tar")
     with pytest.raises(CwmError, match="unreadable"):
         _restore_work_dir(archive, tmp_path / "y", "net", "xgb", 0)

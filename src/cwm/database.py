@@ -137,23 +137,33 @@ def _temp_path(path: Path, kind: str = TEMP_MARK) -> Path:
     return path.with_name(f".{path.name}{kind}{os.getpid()}")
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``path`` through a temporary file and a rename: readers see the old or the new file."""
+@contextmanager
+def atomic_file(path: str | os.PathLike):
+    """Yield a temporary sibling of ``path`` to write; it replaces ``path`` when the block ends and
+    is deleted if the block fails: readers see the old or the new file, never a part."""
     path = Path(path)
     if path.is_dir():
         raise CwmError(f"cannot write {path}: it is a directory")
     tmp = _temp_path(path)
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        yield tmp
         os.replace(tmp, path)
-    except OSError as err:
+    except BaseException:
         try:
             tmp.unlink(missing_ok=True)
         except OSError:
             pass
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``path`` through a temporary file and a rename: readers see the old or the new file."""
+    try:
+        with atomic_file(path) as tmp, open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as err:
         raise CwmError(f"cannot write {path}: {err.strerror or err}") from None
 
 

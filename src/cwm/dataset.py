@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .actions import changes_ir, model_actions, replay
-from .database import FAILURE_FILE, atomic_write_text, block_names, load_raw, workload_module
+from .database import FAILURE_FILE, atomic_file, atomic_write_text, block_names, load_raw, workload_module
 from .errors import CwmError
 
 log = logging.getLogger(__name__)
@@ -165,20 +165,12 @@ class TrajectoryDataset:
         return out
 
     def export_jsonl(self, path: str | os.PathLike, with_states: bool = False) -> int:
-        path = Path(path)
-        if path.is_dir():
-            raise CwmError(f"cannot write {path}: it is a directory")
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
         try:
-            with open(tmp, "w") as f:
+            with atomic_file(path) as tmp, open(tmp, "w") as f:
                 for traj in self.trajectories:
                     f.write(json.dumps(self.record(traj, with_states)) + "\n")
-            os.replace(tmp, path)
         except OSError as err:
             raise CwmError(f"cannot write {path}: {err.strerror or err}") from None
-        finally:
-            if tmp.exists():
-                tmp.unlink()
         return len(self.trajectories)
 
     def stats(self) -> dict:
@@ -390,14 +382,11 @@ def pack_database(db_dir: str | os.PathLike, out_dir: str | os.PathLike, split: 
     ds = load_dataset(db_dir)
     ensure_directory(out_dir, "output directory")
     stats = ds.stats()
-    archive = out_dir / REFERENCE_ARCHIVE
-    tmp = archive.with_suffix(".tmp")
-    with tarfile.open(tmp, "w:gz") as tar:
+    with atomic_file(out_dir / REFERENCE_ARCHIVE) as tmp, tarfile.open(tmp, "w:gz") as tar:
         for name in ("database_workload.json", "database_tuning_record.json", TASK_INDEX_FILE, MANIFEST_FILE,
                      FAILURE_FILE):
             if (db_dir / name).exists():
                 tar.add(db_dir / name, arcname=f"db/{name}")
-    os.replace(tmp, archive)
     manifest = json.loads((db_dir / MANIFEST_FILE).read_text()) if (db_dir / MANIFEST_FILE).exists() else {}
     valid_per_task = [row["valid"] for row in stats["per_task"].values()]
     summary = {

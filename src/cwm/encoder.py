@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import distributed
+from .database import atomic_file
 from .errors import CwmError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -810,9 +811,8 @@ class StateEncoder:
         _atomic_write(directory / CONFIG_FILE, json.dumps(meta, indent=2, sort_keys=True).encode())
         tensors = {f"backbone.{k}": v.detach().contiguous() for k, v in self.model.state_dict().items()}
         tensors.update({f"head.{k}": v.detach().contiguous() for k, v in self.head.state_dict().items()})
-        tmp = directory / f".{WEIGHTS_FILE}.tmp"
-        save_file(tensors, str(tmp), metadata={"format": _FORMAT})
-        os.replace(tmp, directory / WEIGHTS_FILE)
+        with atomic_file(directory / WEIGHTS_FILE) as tmp:
+            save_file(tensors, str(tmp), metadata={"format": _FORMAT})
         self.tokenizer.save(directory)
         return directory
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from .database import atomic_file
 from .errors import CwmError
 
 
@@ -14,18 +14,15 @@ def save_figure(fig, path: str | Path, dpi: int = 90) -> None:
 
     path = Path(path)
     fmt = path.suffix[1:].lower() or "png"
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        fig.savefig(tmp, dpi=dpi, format=fmt)
-        os.replace(tmp, path)
+        with atomic_file(path) as tmp:
+            fig.savefig(tmp, dpi=dpi, format=fmt)
     except OSError as err:
         raise CwmError(f"cannot write {path}: {err.strerror or err}") from None
     except ValueError as err:  # an unknown format
         raise CwmError(f"cannot write {path}: {str(err).splitlines()[0]}") from None
     finally:
         plt.close(fig)
-        if tmp.exists():
-            tmp.unlink()
 
 
 def format_dataset_stats(stats: dict) -> str:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import platform
 import tarfile
 import time
@@ -30,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..database import RECORD_FILE, WORKLOAD_FILE, atomic_write_text
+from ..database import RECORD_FILE, WORKLOAD_FILE, atomic_file, atomic_write_text
 from ..errors import CwmError
 from ..metrics import geomean as metrics_geomean
 
@@ -159,11 +158,9 @@ def _archive_databases(archive: Path, network_dir: Path, network: str) -> None:
     it atomically."""
     base = Path(network_dir)
     files = sorted(f for f in base.glob("*/seed*/*") if f.is_file() and f.suffix in (".json", ".jsonl"))
-    tmp = archive.with_name(archive.name + ".tmp")
-    with tarfile.open(tmp, "w:gz") as tar:
+    with atomic_file(archive) as tmp, tarfile.open(tmp, "w:gz") as tar:
         for f in files:
             tar.add(f, arcname=f"{network}/{f.relative_to(base).as_posix()}")
-    os.replace(tmp, archive)
 
 
 def _restore_work_dir(archive: Path, work_dir: Path, network: str, cost_model: str, seed: int) -> bool:
