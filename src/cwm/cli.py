@@ -33,7 +33,7 @@ def _quiet_tvm_logs() -> None:
 
 
 def _tasks_from(names: list[str], network: Optional[str], target=None):
-    from .workloads import network_tasks, resolve_task, tunable
+    from .workloads import network_tasks, registry_tasks, resolve_task, tunable
     from .workloads.reference import reference_tasks
 
     tasks = []
@@ -42,6 +42,8 @@ def _tasks_from(names: list[str], network: Optional[str], target=None):
     for name in names:
         if name == "reference":
             tasks += reference_tasks(target)
+        elif name == "registry":
+            tasks += registry_tasks()
         else:
             tasks.append(resolve_task(name, target))
     return tasks
@@ -71,7 +73,7 @@ def workloads_list(
 
 @app.command()
 def collect(
-    tasks: list[str] = typer.Argument(None, help="Workload specs, network task names, or 'reference'."),
+    tasks: list[str] = typer.Argument(None, help="Workload specs, network task names, 'reference' or 'registry' (every operator and shape preset)."),
     db: Path = typer.Option(..., "--db", help="MetaSchedule JSON database directory (created or resumed)."),
     network: Optional[str] = typer.Option(None, help="Collect every tunable task of this network."),
     random: int = typer.Option(100, help="Random design-space samples per task."),
@@ -81,9 +83,11 @@ def collect(
     target: Optional[str] = typer.Option(None, help="'cpu' (default, this host), 'cuda' or target JSON."),
     rpc: Optional[str] = typer.Option(None, help="Measure through a TVM RPC tracker HOST:PORT:KEY."),
     jobs: int = typer.Option(1, help="Tasks collected at once (each its own process; needs --rpc)."),
+    skip_collected: list[Path] = typer.Option(None, "--skip-collected",
+                                              help="Skip tasks that have records in this database (repeatable)."),
 ):
     """Measure candidates into a resumable MetaSchedule database."""
-    from .collect import collect as run_collect
+    from .collect import collect as run_collect, collected_task_ids
     from .hardware import make_target
     from .measure import RPCAddress
 
@@ -92,6 +96,12 @@ def collect(
     chosen = _tasks_from(tasks or [], network, tgt)
     if not chosen:
         _fail("no tasks given; name workloads, 'reference', or --network")
+    if skip_collected:
+        known = collected_task_ids(d for d in skip_collected if d.resolve() != db.resolve())
+        chosen = list({t.id: t for t in chosen if t.id not in known}.values())
+        if not chosen:
+            typer.echo(json.dumps({"measured": 0, "skipped": "every task has records in --skip-collected"}))
+            return
     report = run_collect(chosen, db, n_random=random, n_evolutionary=evolutionary, batch=batch, seed=seed,
                          target=tgt, rpc=RPCAddress.parse(rpc) if rpc else None, jobs=jobs)
     typer.echo(json.dumps({k: v for k, v in report.as_json().items() if k != "per_task"}))

@@ -60,6 +60,14 @@ def existing_counts(db_dir: Path) -> dict[str, int]:
     return counts
 
 
+def collected_task_ids(db_dirs) -> set[str]:
+    """Ids of the tasks that have records in any of these database directories (missing ones are empty)."""
+    ids: set[str] = set()
+    for db_dir in db_dirs:
+        ids.update(existing_counts(Path(db_dir)))
+    return ids
+
+
 def log_failures(failure_path: Path, task_id: str, measure_candidates, builder_results, runner_results) -> int:
     """Append a line (task, error kind, last lines of the message, trace) per failed candidate."""
     from .actions import trace_to_json

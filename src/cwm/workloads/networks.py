@@ -17,14 +17,31 @@ from .task import Task
 SEQ_LEN = 128
 
 
-def _vision(name):
+def _vision(name, batch: int = 1, size: int = 224, **kwargs):
     def build():
         import torch
 
         tv = import_torchvision()
         torch.manual_seed(0)  # the same random weights and inputs in every process
-        model = getattr(tv.models, name)(weights=None).eval()
-        return model, (torch.randn(1, 3, 224, 224),)
+        model = getattr(tv.models, name)(weights=None, **kwargs).eval()
+        return model, (torch.randn(batch, 3, size, size),)
+
+    return build
+
+
+def _transformer(config_class: str, model_class: str, seq_len: int = SEQ_LEN, **config):
+    """A transformers encoder or decoder from its config class, random init, returning its last hidden state."""
+
+    def build():
+        import torch
+
+        import_torchvision()  # transformers imports torchvision
+        import transformers
+
+        torch.manual_seed(0)
+        cfg = getattr(transformers, config_class)(**config)
+        model = getattr(transformers, model_class)(cfg).eval()
+        return _LastHidden(model), (torch.randint(0, 1000, (1, seq_len)),)
 
     return build
 
@@ -86,6 +103,25 @@ NETWORKS: dict[str, Network] = {
         Network("mobilenet_v2", _vision("mobilenet_v2"), "torchvision MobileNetV2, 1x3x224x224"),
         Network("bert-base", _bert, f"BERT-base encoder (random init), sequence {SEQ_LEN}"),
         Network("gpt2", _gpt2, f"GPT-2 small decoder (random init), sequence {SEQ_LEN}"),
+        # Networks for the training data's breadth (dataset v2); each is tunable end to end too.
+        Network("densenet121", _vision("densenet121"), "torchvision DenseNet-121, 1x3x224x224"),
+        Network("inception_v3", _vision("inception_v3", size=299, aux_logits=False, init_weights=False),
+                "torchvision Inception-v3, 1x3x299x299"),
+        Network("squeezenet1_1", _vision("squeezenet1_1"), "torchvision SqueezeNet 1.1, 1x3x224x224"),
+        Network("squeezenet1_1-b4", _vision("squeezenet1_1", batch=4), "torchvision SqueezeNet 1.1, 4x3x224x224"),
+        Network("shufflenet_v2_x1_0", _vision("shufflenet_v2_x1_0"), "torchvision ShuffleNetV2 x1.0, 1x3x224x224"),
+        Network("mnasnet1_0", _vision("mnasnet1_0"), "torchvision MNASNet 1.0, 1x3x224x224"),
+        Network("resnext50_32x4d", _vision("resnext50_32x4d"), "torchvision ResNeXt-50 32x4d, 1x3x224x224"),
+        Network("wide_resnet50_2", _vision("wide_resnet50_2"), "torchvision Wide ResNet-50-2, 1x3x224x224"),
+        Network("vgg11", _vision("vgg11"), "torchvision VGG-11, 1x3x224x224"),
+        Network("resnet18-b4", _vision("resnet18", batch=4), "torchvision ResNet-18, 4x3x224x224"),
+        Network("distilbert", _transformer("DistilBertConfig", "DistilBertModel"),
+                f"DistilBERT encoder (random init), sequence {SEQ_LEN}"),
+        Network("distilbert-s256", _transformer("DistilBertConfig", "DistilBertModel", seq_len=256),
+                "DistilBERT encoder (random init), sequence 256"),
+        Network("opt-125m", _transformer("OPTConfig", "OPTModel"), f"OPT-125m decoder (random init), sequence {SEQ_LEN}"),
+        Network("t5-small-encoder", _transformer("T5Config", "T5EncoderModel"),
+                f"T5-small encoder (random init), sequence {SEQ_LEN}"),
     ]
 }
 

@@ -134,6 +134,74 @@ def layernorm(M, N):
     return [x, gamma, beta, topi.nn.layer_norm(x, gamma, beta, axis=[1], epsilon=1e-5)]
 
 
+def conv1d(N, C, L, K, R, stride, pad):
+    te, _, topi = _te()
+    data = te.placeholder((N, C, L), name="data")
+    weight = te.placeholder((K, C, R), name="weight")
+    return [data, weight, topi.nn.conv1d_ncw(data, weight, stride, pad, 1)]
+
+
+def conv3d(N, C, D, H, W, K, R, stride, pad):
+    te, _, topi = _te()
+    data = te.placeholder((N, C, D, H, W), name="data")
+    weight = te.placeholder((K, C, R, R, R), name="weight")
+    return [data, weight, topi.nn.conv3d_ncdhw(data, weight, stride, pad, 1, 1)]
+
+
+def group_conv2d(N, C, H, W, K, R, stride, pad, groups):
+    te, _, topi = _te()
+    if C % groups or K % groups:
+        raise ValueError(f"groups={groups} must divide C={C} and K={K}")
+    data = te.placeholder((N, C, H, W), name="data")
+    weight = te.placeholder((K, C // groups, R, R), name="weight")
+    return [data, weight, topi.nn.group_conv2d_nchw(data, weight, stride, pad, 1, groups)]
+
+
+def dilated_conv2d(N, C, H, W, K, R, stride, pad, dilation):
+    te, _, topi = _te()
+    data = te.placeholder((N, C, H, W), name="data")
+    weight = te.placeholder((K, C, R, R), name="weight")
+    return [data, weight, topi.nn.conv2d_nchw(data, weight, stride, pad, dilation)]
+
+
+def conv2d_transpose(N, C, H, W, K, R, stride, pad):
+    te, _, topi = _te()
+    data = te.placeholder((N, C, H, W), name="data")
+    weight = te.placeholder((C, K, R, R), name="weight")
+    return [data, weight, topi.nn.conv2d_transpose_nchw(data, weight, (stride, stride), (pad, pad), "float32", (0, 0))]
+
+
+def _reduce(M, N, kind):
+    te, _, topi = _te()
+    x = te.placeholder((M, N), name="x")
+    return [x, getattr(topi, kind)(x, axis=1)]
+
+
+def reduce_sum(M, N):
+    return _reduce(M, N, "sum")
+
+
+def reduce_max(M, N):
+    return _reduce(M, N, "max")
+
+
+def argmax(M, N):
+    return _reduce(M, N, "argmax")
+
+
+def global_avg_pool2d(N, C, H, W):
+    te, _, topi = _te()
+    data = te.placeholder((N, C, H, W), name="data")
+    return [data, topi.nn.global_pool(data, "avg")]
+
+
+def dense_silu(M, N, K):
+    te, tirx, _ = _te()
+    X, W, bias, Z = _dense(M, N, K, None)
+    out = te.compute((M, N), lambda i, j: Z[i, j] * tirx.sigmoid(Z[i, j]), name="silu")
+    return [X, W, bias, out]
+
+
 # The largest tensor a workload may have: 2**31 elements (8 GiB of float32). Larger ones cannot be
 # allocated for measurement on the machines this runs on; the largest registry tensor has ~4e7.
 MAX_TENSOR_ELEMENTS = 2**31
@@ -194,6 +262,16 @@ _KIND_OF_OPERATOR = {
     "avg_pool2d": "pool",
     "softmax": "softmax",
     "layernorm": "layernorm",
+    "conv1d": "conv1d",
+    "conv3d": "conv3d",
+    "group_conv2d": "group_conv2d",
+    "dilated_conv2d": "conv2d",
+    "conv2d_transpose": "conv2d_transpose",
+    "reduce_sum": "reduction",
+    "reduce_max": "reduction",
+    "argmax": "reduction",
+    "global_avg_pool2d": "pool",
+    "dense_silu": "dense",
 }
 
 OPERATORS: dict[str, Operator] = {
@@ -216,6 +294,23 @@ OPERATORS: dict[str, Operator] = {
                  "densenet transition"),
         Operator("softmax", softmax, {"M": 1536, "N": 128}, "bert-base attention scores"),
         Operator("layernorm", layernorm, {"M": 128, "N": 768}, "bert-base"),
+        Operator("conv1d", conv1d, {"N": 1, "C": 256, "L": 512, "K": 256, "R": 3, "stride": 1, "pad": 1},
+                 "wav2vec-style audio encoder"),
+        Operator("conv3d", conv3d, {"N": 1, "C": 64, "D": 4, "H": 28, "W": 28, "K": 64, "R": 3, "stride": 1, "pad": 1},
+                 "r3d-18 video block"),
+        Operator("group_conv2d", group_conv2d,
+                 {"N": 1, "C": 256, "H": 28, "W": 28, "K": 256, "R": 3, "stride": 1, "pad": 1, "groups": 32},
+                 "resnext50 layer2"),
+        Operator("dilated_conv2d", dilated_conv2d,
+                 {"N": 1, "C": 256, "H": 32, "W": 32, "K": 256, "R": 3, "stride": 1, "pad": 2, "dilation": 2},
+                 "deeplabv3 ASPP"),
+        Operator("conv2d_transpose", conv2d_transpose,
+                 {"N": 1, "C": 256, "H": 14, "W": 14, "K": 128, "R": 4, "stride": 2, "pad": 1}, "DCGAN/U-Net decoder"),
+        Operator("reduce_sum", reduce_sum, {"M": 1024, "N": 1024}, "row sums"),
+        Operator("reduce_max", reduce_max, {"M": 1536, "N": 128}, "softmax's max"),
+        Operator("argmax", argmax, {"M": 128, "N": 32000}, "language-model head"),
+        Operator("global_avg_pool2d", global_avg_pool2d, {"N": 1, "C": 2048, "H": 7, "W": 7}, "resnet50 head"),
+        Operator("dense_silu", dense_silu, {"M": 128, "N": 2048, "K": 512}, "swish FFN"),
     ]
 }
 
@@ -262,6 +357,20 @@ SHAPE_PRESETS: dict[str, list[dict]] = {
     "avg_pool2d": [],
     "softmax": [{"M": 768, "N": 256}],
     "layernorm": [{"M": 256, "N": 1024}],
+    "conv1d": [{"N": 1, "C": 128, "L": 1024, "K": 128, "R": 5, "stride": 1, "pad": 2},
+               {"N": 1, "C": 512, "L": 256, "K": 512, "R": 3, "stride": 2, "pad": 1}],
+    "conv3d": [{"N": 1, "C": 3, "D": 16, "H": 56, "W": 56, "K": 64, "R": 3, "stride": 1, "pad": 1},
+               {"N": 1, "C": 128, "D": 4, "H": 14, "W": 14, "K": 128, "R": 3, "stride": 1, "pad": 1}],
+    "group_conv2d": [{"N": 1, "C": 512, "H": 14, "W": 14, "K": 512, "R": 3, "stride": 1, "pad": 1, "groups": 32},
+                     {"N": 1, "C": 128, "H": 56, "W": 56, "K": 128, "R": 3, "stride": 1, "pad": 1, "groups": 4}],
+    "dilated_conv2d": [{"N": 1, "C": 512, "H": 16, "W": 16, "K": 256, "R": 3, "stride": 1, "pad": 4, "dilation": 4}],
+    "conv2d_transpose": [{"N": 1, "C": 128, "H": 28, "W": 28, "K": 64, "R": 4, "stride": 2, "pad": 1},
+                         {"N": 1, "C": 64, "H": 56, "W": 56, "K": 32, "R": 3, "stride": 1, "pad": 1}],
+    "reduce_sum": [{"M": 128, "N": 3072}, {"M": 4096, "N": 256}],
+    "reduce_max": [{"M": 512, "N": 512}],
+    "argmax": [{"M": 1, "N": 50257}],
+    "global_avg_pool2d": [{"N": 1, "C": 1280, "H": 7, "W": 7}, {"N": 1, "C": 512, "H": 14, "W": 14}],
+    "dense_silu": [{"M": 64, "N": 1536, "K": 384}, {"M": 256, "N": 1024, "K": 1024}],
 }
 
 

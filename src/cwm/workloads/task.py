@@ -9,6 +9,9 @@ from functools import cached_property
 # Operator kinds, in the order the heuristic below tests them on a task name.
 _KIND_PATTERNS = (
     ("depthwise_conv2d", r"depthwise|group_conv"),
+    ("conv2d_transpose", r"conv2d_transpose"),
+    ("conv1d", r"conv1d"),
+    ("conv3d", r"conv3d"),
     ("conv2d", r"conv2d"),
     ("batch_matmul", r"batch_matmul"),
     ("dense", r"dense|matmul\d*_add"),
