@@ -31,7 +31,7 @@ def tiny_task():
 @pytest.fixture(scope="session")
 def tiny_db(tmp_path_factory, tiny_task):
     """A database with 8 random + 8 evolutionary candidates of the tiny task (shared by tests)."""
-    from cwm.collect import collect
+    from cwm.tuning.collect import collect
 
     db = tmp_path_factory.mktemp("tinydb")
     collect([tiny_task], db, n_random=8, n_evolutionary=8, batch=8, progress=False)
@@ -45,7 +45,7 @@ MULTI = ["matmul:M=32,N=32,K=32", "dense_relu:M=16,N=32,K=32", "softmax:M=32,N=6
 @pytest.fixture(scope="session")
 def multi_db(tmp_path_factory):
     """Four tiny tasks with 12 measured candidates each."""
-    from cwm.collect import collect
+    from cwm.tuning.collect import collect
     from cwm.workloads import get_task
 
     db = tmp_path_factory.mktemp("multidb")
@@ -57,7 +57,7 @@ def multi_db(tmp_path_factory):
 def multi_split(multi_db, tmp_path_factory):
     import json
 
-    from cwm.dataset import load_dataset
+    from cwm.data.dataset import load_dataset
 
     ds = load_dataset(multi_db)
     by_name = {info.name: tid for tid, info in ds.tasks.items()}
@@ -70,8 +70,8 @@ def multi_split(multi_db, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_model(multi_db, multi_split, tmp_path_factory):
-    from cwm.dataset import load_split
-    from cwm.training import TrainSettings, train
+    from cwm.data.split import load_split
+    from cwm.model.training import TrainSettings, train
 
     out = tmp_path_factory.mktemp("model")
     train(multi_db, load_split(multi_split), out, TrainSettings.tiny(), progress=False)

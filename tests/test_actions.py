@@ -2,8 +2,8 @@ import json
 
 import tvm
 
-from cwm.actions import actions_from_trace_json, trace_to_json, changes_ir, replay, replay_states, trace_json_from_actions
-from cwm.dataset import load_dataset
+from cwm.schedule.actions import actions_from_trace_json, trace_to_json, changes_ir, replay, replay_states, trace_json_from_actions
+from cwm.data.dataset import load_dataset
 
 
 def _structurally_equal(a, b) -> bool:
@@ -61,7 +61,7 @@ def test_intermediate_states(tiny_db, tmp_path):
 def test_fast_trace_decoding_equals_the_ffi_container_walk(tiny_db):
     import tvm.s_tir.meta_schedule as ms
 
-    from cwm.actions import to_plain
+    from cwm.schedule.actions import to_plain
 
     db = ms.database.JSONDatabase(work_dir=str(tiny_db), allow_missing=False)
     for rec in db.get_all_tuning_records():
@@ -72,7 +72,7 @@ def test_fast_trace_decoding_equals_the_ffi_container_walk(tiny_db):
 def test_graph_decoding_rejects_only_reachable_opaque_nodes():
     import pytest
 
-    from cwm.actions import _from_json_graph, _NotPlain
+    from cwm.schedule.actions import _from_json_graph, _NotPlain
 
     nodes = [{"type": "ffi.String", "data": "x"}, {"type": "ir.PrimType", "data": {}},
              {"type": "int", "data": 3}, {"type": "ir.IntImm", "data": {"dtype": 1, "value": 2}},
@@ -87,7 +87,7 @@ def test_graph_decoding_rejects_only_reachable_opaque_nodes():
 def test_native_serializer_equals_the_object_graph(tiny_db):
     import tvm.s_tir.meta_schedule as ms
 
-    from cwm.actions import _from_json_graph, native_trace_json, trace_graph_string, trace_json_text
+    from cwm.schedule.actions import _from_json_graph, native_trace_json, trace_graph_string, trace_json_text
 
     assert native_trace_json() is not None, "the C++ serializer did not build (is a C++ compiler installed?)"
     db = ms.database.JSONDatabase(work_dir=str(tiny_db), allow_missing=False)
@@ -101,7 +101,7 @@ def test_native_serializer_equals_the_object_graph(tiny_db):
 def test_trace_json_falls_back_when_the_native_serializer_fails(tiny_db, monkeypatch):
     import tvm.s_tir.meta_schedule as ms
 
-    import cwm.actions as actions
+    import cwm.schedule.actions as actions
 
     rec = ms.database.JSONDatabase(work_dir=str(tiny_db), allow_missing=False).get_all_tuning_records()[0]
     expected = actions.trace_to_json(rec.trace)
@@ -143,8 +143,8 @@ def test_layout_rewrites_serialize_as_the_database_stores_them(tmp_path, monkeyp
     JSON database stores, so cost-model cache keys and resumed-search dedup keys agree with the records."""
     import tvm.s_tir.meta_schedule as ms
 
-    import cwm.actions as actions
-    from cwm.database import load_raw
+    import cwm.schedule.actions as actions
+    from cwm.data.database import load_raw
     from cwm.hardware import make_target
 
     target = make_target()

@@ -48,9 +48,9 @@ def _png() -> bytes:
 @pytest.fixture(scope="module")
 def f(tmp_path_factory):
     """Bad files and directories of every kind, shared by the cases below."""
-    from cwm.database import open_database
-    from cwm.dataset import write_task_index
-    from cwm.world_model import CONFIG_FILE, default_model_dir
+    from cwm.data.database import open_database
+    from cwm.data.database import write_task_index
+    from cwm.model.world_model import CONFIG_FILE, default_model_dir
     from cwm.workloads import get_task
 
     d = tmp_path_factory.mktemp("bad")
@@ -361,7 +361,7 @@ UNREADABLE = [
 
 
 def _locked_files(f, tmp_path):
-    from cwm.world_model import default_model_dir
+    from cwm.model.world_model import default_model_dir
 
     (tmp_path / "locked.py").write_text("x = 1\n")
     (tmp_path / "locked.json").write_text(f.split.read_text())
@@ -523,7 +523,7 @@ def test_make_target_bad_specs(spec, needle):
     ("no_tokenizer", "tokenizer.json"),
 ])
 def test_world_model_load_bad_directories(name, needle, f):
-    from cwm.world_model import WorldModel
+    from cwm.model.world_model import WorldModel
 
     with pytest.raises(CwmError) as info:
         WorldModel.load(f.models[name])
@@ -531,7 +531,7 @@ def test_world_model_load_bad_directories(name, needle, f):
 
 
 def test_world_model_load_wrong_file_types(f):
-    from cwm.world_model import WorldModel
+    from cwm.model.world_model import WorldModel
 
     for path, needle in ((f.png, "is a file"), (f.randdb, "is missing"), (f.missing, "does not exist")):
         with pytest.raises(CwmError, match=needle):
@@ -539,7 +539,8 @@ def test_world_model_load_wrong_file_types(f):
 
 
 def test_dataset_loading_bad_inputs(f, tmp_path):
-    from cwm.dataset import load_dataset, load_split
+    from cwm.data.dataset import load_dataset
+    from cwm.data.split import load_split
 
     for path, needle in ((f.png, "is a file"), (f.randdb, "none of its"), (f.missing, "does not exist"),
                          (f.dir, "is not a MetaSchedule database")):
@@ -558,8 +559,8 @@ def test_dataset_loading_bad_inputs(f, tmp_path):
 
 
 def test_tune_api_bad_input(f, tmp_path):
-    from cwm.measure import RPCAddress
-    from cwm.tuning import tune
+    from cwm.tuning.measure import RPCAddress
+    from cwm.tuning.tuner import tune
     from cwm.workloads import get_task
 
     task = get_task(TINY)

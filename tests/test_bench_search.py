@@ -45,10 +45,10 @@ def test_tiny_search_benchmark(tmp_path, tiny_model):
     assert "Headroom" in (tmp_path / "diag" / "search_diagnosis.md").read_text()
     # With a pretrained XGBModel, it scores the pool too (here pretrained on the pool itself).
     from cwm.benchmarks.search import finished_runs, pooled_ranking
-    from cwm.cost_model import pretrain_xgb
-    from cwm.dataset import load_dataset
+    from cwm.tuning.cost_model import pretrain_xgb
+    from cwm.data.dataset import load_dataset
     from cwm.hardware import make_target
-    from cwm.world_model import WorldModel
+    from cwm.model.world_model import WorldModel
 
     run_dir = next((tmp_path / "runs").glob("*/b4/xgb/seed0"))
     pretrain_xgb(load_dataset(run_dir).valid(), make_target(), progress=False).save(str(tmp_path / "xgb.tar"))
@@ -66,7 +66,7 @@ def test_tiny_search_benchmark(tmp_path, tiny_model):
 def test_a_resumed_search_run_counts_the_time_of_every_invocation(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    import cwm.tuning
+    import cwm.tuning.tuner
     from cwm.benchmarks.search import TUNING_TIME_FILE, _load_or_tune, _run_dir
     from cwm.workloads import get_task
 
@@ -78,7 +78,7 @@ def test_a_resumed_search_run_counts_the_time_of_every_invocation(tmp_path, monk
     def finish(*args, **kwargs):
         return SimpleNamespace(best={}, curve=[1.0], cost_model_seconds=2.0, trials=4)
 
-    monkeypatch.setattr(cwm.tuning, "tune", crash)
+    monkeypatch.setattr(cwm.tuning.tuner, "tune", crash)
     with pytest.raises(RuntimeError):
         _load_or_tune(task, 4, "xgb", 0, tmp_path, None, None, None, 4, False)
     run_dir = _run_dir(tmp_path, task, 4, "xgb", 0)
@@ -86,7 +86,7 @@ def test_a_resumed_search_run_counts_the_time_of_every_invocation(tmp_path, monk
     assert saved["invocations"] == 1 and saved["cost_model_seconds"] == 0.0
     saved["seconds"] = 100.0  # as if the killed invocation had run for 100 s
     (run_dir / TUNING_TIME_FILE).write_text(json.dumps(saved))
-    monkeypatch.setattr(cwm.tuning, "tune", finish)
+    monkeypatch.setattr(cwm.tuning.tuner, "tune", finish)
     record = _load_or_tune(task, 4, "xgb", 0, tmp_path, None, None, None, 4, False)
     assert record["invocations"] == 2 and record["wall_seconds"] >= 100.0 and record["cost_model_seconds"] == 2.0
 
@@ -153,8 +153,8 @@ def test_run_plan_runs_a_shared_budget_once():
 
 def test_search_world_model_variants(tmp_path, tiny_model, multi_db, multi_split):
     from cwm.benchmarks.search import run_search_benchmark
-    from cwm.dataset import load_split
-    from cwm.world_model import WorldModel
+    from cwm.data.split import load_split
+    from cwm.model.world_model import WorldModel
 
     summary = run_search_benchmark(["matmul:M=32,N=32,K=32"], tmp_path / "out", budget=4, seeds=(0,),
                                    contenders=("cwm-initial", "cwm-finetune"), model_path=tiny_model, train_db=multi_db,

@@ -66,7 +66,7 @@ def test_dataset_merge_cli(tiny_db, tmp_path):
     from typer.testing import CliRunner
 
     from cwm.cli import app
-    from cwm.database import load_raw
+    from cwm.data.database import load_raw
 
     merged = tmp_path / "merged"
     result = CliRunner().invoke(app, ["dataset", "merge", str(tiny_db), str(tiny_db), "--db", str(merged)])

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from cwm.collect import collect, existing_counts
-from cwm.database import RECORD_FILE, WORKLOAD_FILE, load_raw, open_database
-from cwm.dataset import load_dataset
+from cwm.tuning.collect import collect, existing_counts
+from cwm.data.database import RECORD_FILE, WORKLOAD_FILE, load_raw, open_database
+from cwm.data.dataset import load_dataset
 
 from .conftest import TINY
 
@@ -108,14 +108,14 @@ def test_runner_arguments_keep_indices_in_range():
     import numpy as np
     import tvm
 
-    from cwm.measure import alloc_arguments
+    from cwm.tuning.measure import alloc_arguments
 
     (ints, floats), = alloc_arguments(tvm.cpu(), [["TENSOR", "int64", [4096]], ["TENSOR", "float32", [4096]]], 1)
     assert not np.any(ints.numpy()) and np.ptp(floats.numpy()) > 0
 
 
 def test_a_gather_is_measured(tmp_path):
-    from cwm.tuning import tune
+    from cwm.tuning.tuner import tune
 
     task = _gather_task()
     result = tune(task, trials=2, work_dir=tmp_path, cost_model="random", num_trials_per_iter=2,

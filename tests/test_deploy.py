@@ -49,7 +49,7 @@ def _tasks(mod, target, only_largest=False):
     """Tasks as a user would make them: MetaSchedule's extraction wrapped in cwm Tasks."""
     import tvm.s_tir.meta_schedule as ms
 
-    from cwm.deploy import fused_module
+    from cwm.workloads.pipeline import fused_module
     from cwm.workloads import Task
 
     extracted = ms.relax_integration.extract_tasks(fused_module(mod, target), target)
@@ -62,8 +62,9 @@ def _tasks(mod, target, only_largest=False):
 @pytest.fixture(scope="module")
 def mlp_build(tmp_path_factory, target):
     """The MLP tuned for 8 trials (4 per task) with xgb, built and exported."""
-    from cwm.deploy import build_network, relax_from_torch
-    from cwm.tuning import tune
+    from cwm.deploy.build import build_network
+    from cwm.workloads.pipeline import relax_from_torch
+    from cwm.tuning.tuner import tune
 
     model, inputs = _mlp()
     mod = relax_from_torch(model, inputs, target)
@@ -76,7 +77,9 @@ def mlp_build(tmp_path_factory, target):
 
 
 def test_mlp_tuned_build_runs_and_matches_torch(mlp_build):
-    from cwm.deploy import check_against_torch, load_and_run, sidecar_path
+    from cwm.deploy.check import check_against_torch
+    from cwm.deploy.runtime import load_and_run
+    from cwm.deploy.build import sidecar_path
 
     model, inputs, mod, db, result = mlp_build
     assert result.lib_path.exists() and sidecar_path(result.lib_path).exists()
@@ -94,8 +97,11 @@ def test_mlp_tuned_build_runs_and_matches_torch(mlp_build):
 def test_a_database_tuned_without_weight_prepack_builds_without_it(mlp_build, tmp_path, target):
     """Prepacking changes the tasks, so the build follows the database: one tuned before
     prepacking existed still applies, and forcing the other mode leaves every task missing."""
-    from cwm.deploy import build_network, check_against_torch, extract_tasks, load_and_run
-    from cwm.tuning import tune
+    from cwm.deploy.build import build_network
+    from cwm.deploy.check import check_against_torch
+    from cwm.workloads.pipeline import extract_tasks
+    from cwm.deploy.runtime import load_and_run
+    from cwm.tuning.tuner import tune
 
     model, inputs, mod, prepacked_db, _ = mlp_build
     forced = build_network(mod, prepacked_db, target, weight_prepack=False)
@@ -114,10 +120,10 @@ def test_a_database_tuned_without_weight_prepack_builds_without_it(mlp_build, tm
 
 def test_a_schedule_with_prepacked_weights_is_remeasured(mlp_build, target):
     """Re-measuring a best schedule passes the weight in its rewritten layout, as the build does."""
-    from cwm.actions import trace_to_json
-    from cwm.database import open_database
-    from cwm.deploy import extract_tasks
-    from cwm.tuning import measure_median
+    from cwm.schedule.actions import trace_to_json
+    from cwm.data.database import open_database
+    from cwm.workloads.pipeline import extract_tasks
+    from cwm.tuning.tuner import measure_median
 
     _, _, mod, db, _ = mlp_build
     task = max(extract_tasks(mod, target), key=lambda t: t.flops)
@@ -128,9 +134,9 @@ def test_a_schedule_with_prepacked_weights_is_remeasured(mlp_build, target):
 
 
 def test_the_world_model_sees_schedules_without_their_derived_layout_rewrites(mlp_build, target):
-    from cwm.actions import actions_from_trace_json, model_actions, replay, trace_to_json, without_layout_rewrites
-    from cwm.database import open_database
-    from cwm.deploy import extract_tasks
+    from cwm.schedule.actions import actions_from_trace_json, model_actions, replay, trace_to_json, without_layout_rewrites
+    from cwm.data.database import open_database
+    from cwm.workloads.pipeline import extract_tasks
 
     _, _, mod, db, _ = mlp_build
     task = max(extract_tasks(mod, target), key=lambda t: t.flops)
@@ -146,9 +152,11 @@ def test_the_world_model_sees_schedules_without_their_derived_layout_rewrites(ml
 
 
 def test_cnn_tuned_build_folds_batch_norm_and_matches_torch(tmp_path, target):
-    from cwm.deploy import build_network, check_against_torch, fused_module, load_and_run, relax_from_torch, \
-        tolerance_for
-    from cwm.tuning import tune
+    from cwm.deploy.build import build_network
+    from cwm.deploy.check import check_against_torch, tolerance_for
+    from cwm.workloads.pipeline import fused_module, relax_from_torch
+    from cwm.deploy.runtime import load_and_run
+    from cwm.tuning.tuner import tune
 
     model, inputs = _cnn()
     mod = relax_from_torch(model, inputs, target)
@@ -178,10 +186,12 @@ def test_cnn_tuned_build_folds_batch_norm_and_matches_torch(tmp_path, target):
 def test_convolution_layout_follows_the_database_and_relu6_stays_fused(tmp_path, target):
     """NHWC is the CPU default; a database tuned in NCHW still builds in NCHW, forcing the other
     layout leaves its tasks missing, and ReLU6 (``clip``) does not cost transposes in NHWC."""
-    from cwm.deploy import build_network, check_against_torch, conv_layout_of, extract_tasks, load_and_run, \
-        relax_from_torch
+    from cwm.deploy.build import build_network
+    from cwm.deploy.check import check_against_torch
+    from cwm.workloads.pipeline import conv_layout_of, extract_tasks, relax_from_torch
+    from cwm.deploy.runtime import load_and_run
     from cwm.errors import CwmError
-    from cwm.tuning import tune
+    from cwm.tuning.tuner import tune
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(
@@ -214,7 +224,10 @@ def test_convolution_layout_follows_the_database_and_relu6_stays_fused(tmp_path,
 
 
 def test_database_of_another_network_falls_back_visibly(mlp_build, tmp_path, target, caplog):
-    from cwm.deploy import build_network, check_against_torch, load_and_run, relax_from_torch, tolerance_for
+    from cwm.deploy.build import build_network
+    from cwm.deploy.check import check_against_torch, tolerance_for
+    from cwm.deploy.runtime import load_and_run
+    from cwm.workloads.pipeline import relax_from_torch
 
     _, _, _, mlp_db, _ = mlp_build
     model, inputs = _cnn()
@@ -223,7 +236,7 @@ def test_database_of_another_network_falls_back_visibly(mlp_build, tmp_path, tar
     empty.mkdir()
     for i, db in enumerate([empty, mlp_db]):
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="cwm.deploy"):
+        with caplog.at_level(logging.WARNING, logger="cwm.deploy.build"):
             result = build_network(mod, db, target, tmp_path / f"cnn{i}.so")
         assert result.tuned_tasks == 0 and result.total_tasks > 0
         assert len(result.missing) == result.total_tasks
@@ -239,8 +252,10 @@ def test_database_of_another_network_falls_back_visibly(mlp_build, tmp_path, tar
 def test_records_for_another_target_are_reported(mlp_build, tmp_path, target, caplog):
     """Records for another kind of target are dropped (MetaSchedule's query would apply them anyway);
     records for another CPU are used, and named."""
-    from cwm.database import RECORD_FILE
-    from cwm.deploy import build_network, check_against_torch, load_and_run
+    from cwm.data.database import RECORD_FILE
+    from cwm.deploy.build import build_network
+    from cwm.deploy.check import check_against_torch
+    from cwm.deploy.runtime import load_and_run
 
     model, inputs, mod, db, _ = mlp_build
     foreign = tmp_path / "foreign"
@@ -251,7 +266,7 @@ def test_records_for_another_target_are_reported(mlp_build, tmp_path, target, ca
         body[2] = {**body[2], "mcpu": "skylake-avx512"} if index == 0 else {"kind": "c", "keys": ["cpu"]}
         lines.append(json.dumps([index, body]))
     (foreign / RECORD_FILE).write_text("\n".join(lines) + "\n")
-    with caplog.at_level(logging.WARNING, logger="cwm.deploy"):
+    with caplog.at_level(logging.WARNING, logger="cwm.deploy.build"):
         result = build_network(mod, foreign, target, tmp_path / "foreign.so")
     assert result.total_tasks == 2 and result.tuned_tasks == 1 and len(result.missing) == 1
     assert result.other_target == result.tuned
@@ -274,7 +289,10 @@ def test_bool_mask_ops_compile_and_match_torch(tmp_path, target):
     """TVM's LLVM codegen aborts on these (bool add, fcmp on i1); build_network rewrites them."""
     import tvm
 
-    from cwm.deploy import build_network, check_against_torch, load_and_run, relax_from_torch
+    from cwm.deploy.build import build_network
+    from cwm.deploy.check import check_against_torch
+    from cwm.deploy.runtime import load_and_run
+    from cwm.workloads.pipeline import relax_from_torch
 
     model, x = _BoolOps().eval(), torch.randn(2, 16)
     mod = relax_from_torch(model, (x,), target)
@@ -301,8 +319,10 @@ class _Activations(torch.nn.Module):
 
 def test_fast_math_removes_libm_calls_and_matches_torch(tmp_path, target):
     """GELU, erf, tanh and x**2, x**3 become vectorizable code within a few ulp of PyTorch."""
-    from cwm.deploy import (build_network, check_against_torch, load_and_run, relax_from_torch, relax_op_counts,
-                            rewrite_fast_math)
+    from cwm.deploy.build import build_network
+    from cwm.deploy.check import check_against_torch
+    from cwm.deploy.runtime import load_and_run
+    from cwm.workloads.pipeline import relax_from_torch, relax_op_counts, rewrite_fast_math
 
     torch.manual_seed(0)
     model, x = _Activations().eval(), torch.randn(4, 16)
@@ -326,7 +346,7 @@ def test_fast_math_removes_libm_calls_and_matches_torch(tmp_path, target):
 
 
 def test_fast_math_leaves_other_modules_alone(target):
-    from cwm.deploy import relax_from_torch, rewrite_fast_math
+    from cwm.workloads.pipeline import relax_from_torch, rewrite_fast_math
 
     model, (x,) = _mlp()
     mod = relax_from_torch(model, (x,), target)
@@ -334,7 +354,7 @@ def test_fast_math_leaves_other_modules_alone(target):
 
 
 def test_load_and_run_rejects_wrong_inputs(mlp_build):
-    from cwm.deploy import load_and_run
+    from cwm.deploy.runtime import load_and_run
 
     result = mlp_build[4]
     with pytest.raises(CwmError, match=r"expects 1 input.*\(1, 32\) float32.*got 1.*\(1, 33\) float32"):
@@ -346,7 +366,7 @@ def test_load_and_run_rejects_wrong_inputs(mlp_build):
 
 
 def test_load_and_run_without_sidecar_still_checks_count(mlp_build, tmp_path):
-    from cwm.deploy import load_and_run
+    from cwm.deploy.runtime import load_and_run
 
     lib = tmp_path / "bare.so"
     shutil.copy(mlp_build[4].lib_path, lib)
@@ -358,7 +378,8 @@ def test_load_and_run_without_sidecar_still_checks_count(mlp_build, tmp_path):
 
 
 def test_missing_database_and_library_are_clear_errors(mlp_build, tmp_path, target):
-    from cwm.deploy import build_network, load_and_run
+    from cwm.deploy.build import build_network
+    from cwm.deploy.runtime import load_and_run
 
     mod = mlp_build[2]
     with pytest.raises(CwmError, match="does not exist"):
@@ -372,7 +393,7 @@ def test_missing_database_and_library_are_clear_errors(mlp_build, tmp_path, targ
 
 
 def test_check_against_torch_mismatch_is_an_error():
-    from cwm.deploy import check_against_torch
+    from cwm.deploy.check import check_against_torch
 
     model, inputs = _mlp()
     with torch.no_grad():
@@ -399,7 +420,7 @@ class _Scale(torch.nn.Module):
 
 
 def test_timing_helpers_interleave_and_report_medians():
-    from cwm.deploy import peak_matmul_gflops, time_interleaved
+    from cwm.benchmarks.timing import peak_matmul_gflops, time_interleaved
 
     calls = []
     timings, errors = time_interleaved(
@@ -428,7 +449,7 @@ def test_timing_helpers_interleave_and_report_medians():
 
 
 def test_a_single_contender_is_timed_without_pauses_or_untimed_calls(monkeypatch):
-    from cwm import deploy
+    from cwm.benchmarks import timing as deploy
 
     pauses, calls = [], []
     monkeypatch.setattr(deploy.time, "sleep", pauses.append)
@@ -445,7 +466,7 @@ def test_e2e_benchmark_tiny_mode(mlp_build, tmp_path, target):
     import tarfile
 
     from cwm.benchmarks.e2e import TUNING_TIME_FILE, database_archive_path, run_e2e_benchmark
-    from cwm.database import RECORD_FILE, WORKLOAD_FILE
+    from cwm.data.database import RECORD_FILE, WORKLOAD_FILE
 
     model, inputs, _, db, _ = mlp_build
     work_root = tmp_path / "work"
@@ -499,13 +520,13 @@ def test_e2e_benchmark_tiny_mode(mlp_build, tmp_path, target):
 
 
 def test_e2e_tuning_time_survives_a_crash(tmp_path, monkeypatch):
-    import cwm.tuning
+    import cwm.tuning.tuner
     from cwm.benchmarks.e2e import TUNING_TIME_FILE, _tune_timed
 
     def crash(*args, **kwargs):
         raise RuntimeError("killed mid-tune")
 
-    monkeypatch.setattr(cwm.tuning, "tune", crash)
+    monkeypatch.setattr(cwm.tuning.tuner, "tune", crash)
     (tmp_path / TUNING_TIME_FILE).write_text(json.dumps({"seconds": 100.0, "invocations": 1}))
     with pytest.raises(RuntimeError):
         _tune_timed([], 8, tmp_path, "xgb", None, None, 0, 4, False)
@@ -610,7 +631,7 @@ def test_e2e_combine_keeps_each_networks_run_and_refuses_mixed_settings(tmp_path
 
 def test_e2e_names_a_shipped_model_without_the_checkout_path(tmp_path, monkeypatch):
     from cwm.benchmarks.e2e import _portable_path
-    from cwm.world_model import shipped_models
+    from cwm.model.world_model import shipped_models
 
     name, path = next(iter(shipped_models().items()))
     assert _portable_path(path) == f"cwm/pretrained/{name}"
@@ -624,7 +645,7 @@ def test_e2e_database_archive_restores_one_work_dir_and_refuses_a_corrupt_one(tm
     import tarfile
 
     from cwm.benchmarks.e2e import _archive_databases, _restore_work_dir
-    from cwm.database import RECORD_FILE
+    from cwm.data.database import RECORD_FILE
     from cwm.errors import CwmError
 
     for cm, seed in (("xgb", 0), ("cwm", 0), ("cwm", 1)):

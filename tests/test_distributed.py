@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cwm import distributed
+from cwm.model import distributed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -116,8 +116,8 @@ def _files(directory: Path) -> set[str]:
 
 
 def test_torchrun_cli_train_matches_single_process_layout(tiny_model, multi_db, multi_split, tmp_path):
-    from cwm.dataset import load_dataset
-    from cwm.world_model import WorldModel
+    from cwm.data.dataset import load_dataset
+    from cwm.model.world_model import WorldModel
 
     out = tmp_path / "model"
     proc = _torchrun(["-m", "cwm.cli", "train", "--db", str(multi_db), "--split", str(multi_split),

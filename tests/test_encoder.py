@@ -8,16 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from cwm.encoder import (
-    CONFIG_FILE,
-    TOKENIZER_FILE,
-    WEIGHTS_FILE,
-    EncoderConfig,
-    StateEncoder,
-    TIRTokenizer,
-    canonicalize,
-    split_windows,
-)
+from cwm.model.encoder import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, EncoderConfig, StateEncoder, TIRTokenizer, canonicalize, split_windows
 from cwm.errors import CwmError
 
 SAMPLE = '''# from tvm.script import ir as I

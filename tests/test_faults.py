@@ -69,9 +69,9 @@ def synthetic(tmp_path_factory):
     and a split (two tasks train, one val/test). Written without building or running anything."""
     import tvm.s_tir.meta_schedule as ms
 
-    from cwm.collect import tune_context
-    from cwm.database import open_database
-    from cwm.dataset import write_task_index
+    from cwm.tuning.context import tune_context
+    from cwm.data.database import open_database
+    from cwm.data.database import write_task_index
     from cwm.hardware import make_target
     from cwm.workloads import get_task
 
@@ -96,8 +96,8 @@ def synthetic(tmp_path_factory):
 
 
 def _record_keys(db_dir):
-    from cwm.collect import trace_key
-    from cwm.database import load_raw, task_ids
+    from cwm.schedule.actions import trace_key
+    from cwm.data.database import load_raw, task_ids
 
     raw = load_raw(db_dir)
     ids = task_ids(raw)
@@ -108,7 +108,7 @@ def _record_keys(db_dir):
 
 
 def test_killed_tune_resumes_without_duplicates_or_temp_files(tmp_path):
-    from cwm.database import RECORD_FILE
+    from cwm.data.database import RECORD_FILE
 
     work = tmp_path / "tune"
     args = ["tune", TINY, "--trials", "8", "--per-iter", "4", "--cost-model", "xgb", "--work-dir", work]
@@ -151,8 +151,9 @@ def test_resumed_search_never_proposes_a_measured_candidate():
     traces given to ``tune_context`` none of them comes back."""
     import tvm.s_tir.meta_schedule as ms
 
-    from cwm.actions import trace_to_json
-    from cwm.collect import trace_key, tune_context
+    from cwm.schedule.actions import trace_to_json
+    from cwm.schedule.actions import trace_key
+    from cwm.tuning.context import tune_context
     from cwm.hardware import make_target
     from cwm.workloads import get_task
 
@@ -176,7 +177,7 @@ def test_resumed_search_never_proposes_a_measured_candidate():
 
 
 def _old_model(path: Path) -> str:
-    from cwm.world_model import CONFIG_FILE, default_model_dir
+    from cwm.model.world_model import CONFIG_FILE, default_model_dir
 
     shutil.copytree(default_model_dir(), path)
     cfg = json.loads((path / CONFIG_FILE).read_text())
@@ -186,7 +187,7 @@ def _old_model(path: Path) -> str:
 
 
 def _state_of(path: Path, old_config: str, db) -> str:
-    from cwm.world_model import CONFIG_FILE, WorldModel
+    from cwm.model.world_model import CONFIG_FILE, WorldModel
 
     if not path.exists():
         return "absent"
@@ -216,14 +217,14 @@ def test_killed_train_leaves_the_old_or_the_new_model_never_a_mix(synthetic, tmp
 def test_save_killed_half_way_keeps_the_old_model(tmp_path):
     """Deterministic version of the window the random kill above rarely hits: SIGKILL after the
     encoder, transition and ranker files are written, before the config."""
-    from cwm.world_model import WorldModel
+    from cwm.model.world_model import WorldModel
 
     out = tmp_path / "model"
     old_config = _old_model(out)
     script = (
         "import os, signal\n"
-        "from cwm.ranker import LambdaRanker\n"
-        "from cwm.world_model import WorldModel\n"
+        "from cwm.model.ranker import LambdaRanker\n"
+        "from cwm.model.world_model import WorldModel\n"
         "real = LambdaRanker.save\n"
         "def dying_save(self, path):\n"
         "    real(self, path)\n"
@@ -250,10 +251,10 @@ def test_crashing_builds_and_hanging_runs_are_recorded_and_tuning_goes_on(tmp_pa
     segfaults or hangs past its timeout, for a deterministic share of the candidates."""
     import tvm.s_tir.meta_schedule as ms
 
-    import cwm.tuning
-    from cwm.dataset import load_dataset
-    from cwm.measure import EvaluatorSettings
-    from cwm.tuning import tune
+    import cwm.tuning.tuner
+    from cwm.data.dataset import load_dataset
+    from cwm.tuning.measure import EvaluatorSettings
+    from cwm.tuning.tuner import tune
 
     counters = tmp_path / "counters"
     counters.mkdir()
@@ -271,7 +272,7 @@ def test_crashing_builds_and_hanging_runs_are_recorded_and_tuning_goes_on(tmp_pa
     def flaky_build(mod, target, params):
         import time
 
-        from cwm.measure import build_without_tensor_intrin
+        from cwm.tuning.measure import build_without_tensor_intrin
 
         i = claim("build")
         if i % 4 == 0:
@@ -294,9 +295,9 @@ def test_crashing_builds_and_hanging_runs_are_recorded_and_tuning_goes_on(tmp_pa
             time.sleep(120)  # killed by the runner's timeout
         return default_run_evaluator(rt_mod, device, evaluator_config, repeated_args)
 
-    monkeypatch.setattr(cwm.tuning, "make_builder",
+    monkeypatch.setattr(cwm.tuning.tuner, "make_builder",
                         lambda: ms.builder.LocalBuilder(max_workers=2, timeout_sec=12.0, f_build=flaky_build))
-    monkeypatch.setattr(cwm.tuning, "make_runner",
+    monkeypatch.setattr(cwm.tuning.tuner, "make_runner",
                         lambda settings, rpc: ms.runner.LocalRunner(timeout_sec=12.0, f_run_evaluator=flaky_run,
                                                                     evaluator_config=EvaluatorSettings().config()))
     work = tmp_path / "tune"
@@ -318,9 +319,9 @@ def test_crashing_builds_and_hanging_runs_are_recorded_and_tuning_goes_on(tmp_pa
 
 
 def test_corrupt_encoder_cache_entries_are_rebuilt(tmp_path):
-    from cwm.encoder import StateEncoder
+    from cwm.model.encoder import StateEncoder
     from cwm.workloads import get_task
-    from cwm.world_model import default_model_dir
+    from cwm.model.world_model import default_model_dir
 
     texts = [get_task(s).script() for s in SYNTHETIC]
     enc = StateEncoder.load(default_model_dir() / "encoder", cache_dir=tmp_path / "cache")
@@ -339,7 +340,7 @@ def test_corrupt_encoder_cache_entries_are_rebuilt(tmp_path):
 
 
 def test_corrupt_state_cache_entry_is_replayed(synthetic, tmp_path):
-    from cwm.dataset import load_dataset
+    from cwm.data.dataset import load_dataset
 
     db, _, _ = synthetic
     ds = load_dataset(db, cache_dir=tmp_path / "states")
@@ -354,8 +355,8 @@ def test_corrupt_state_cache_entry_is_replayed(synthetic, tmp_path):
 
 
 def test_truncated_database_lines(synthetic, tmp_path, caplog):
-    from cwm.database import RECORD_FILE, WORKLOAD_FILE, load_raw, open_database
-    from cwm.dataset import load_dataset
+    from cwm.data.database import RECORD_FILE, WORKLOAD_FILE, load_raw, open_database
+    from cwm.data.dataset import load_dataset
 
     db = tmp_path / "db"
     shutil.copytree(synthetic[0], db)
@@ -377,7 +378,7 @@ def test_truncated_database_lines(synthetic, tmp_path, caplog):
 
 
 def test_truncated_weights_name_the_file(tmp_path):
-    from cwm.world_model import WorldModel, default_model_dir
+    from cwm.model.world_model import WorldModel, default_model_dir
 
     for rel in ("encoder/encoder.safetensors", "transition/transition.safetensors", "ranker/ranker.json",
                 "encoder/tokenizer.json"):
@@ -394,10 +395,10 @@ def test_truncated_weights_name_the_file(tmp_path):
 
 
 def test_fixed_seed_same_world_model_predictions(synthetic, tmp_path):
-    from cwm.dataset import load_dataset
-    from cwm.dataset import load_split
-    from cwm.training import TrainSettings, train
-    from cwm.world_model import WorldModel
+    from cwm.data.dataset import load_dataset
+    from cwm.data.split import load_split
+    from cwm.model.training import TrainSettings, train
+    from cwm.model.world_model import WorldModel
 
     db, split, tasks = synthetic
     a, _ = train(db, load_split(split), tmp_path / "a", TrainSettings.tiny(), progress=False)
@@ -423,8 +424,9 @@ def test_fixed_seed_same_first_batch_of_candidates(strategy):
     threads = 1
     import tvm.s_tir.meta_schedule as ms
 
-    from cwm.actions import trace_to_json
-    from cwm.collect import trace_key, tune_context
+    from cwm.schedule.actions import trace_to_json
+    from cwm.schedule.actions import trace_key
+    from cwm.tuning.context import tune_context
     from cwm.hardware import make_target
     from cwm.workloads import get_task
 

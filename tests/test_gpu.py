@@ -41,7 +41,7 @@ def _resample(mod, trace, seed):
 
 
 def test_cuda_design_space_binds_threads(cuda_candidates):
-    from cwm.actions import actions_from_trace_json, trace_to_json
+    from cwm.schedule.actions import actions_from_trace_json, trace_to_json
 
     _, _, cands = cuda_candidates
     kinds = set()
@@ -55,7 +55,7 @@ def test_cuda_trajectories_round_trip(cuda_candidates):
     import tvm
     from tvm_ffi import structural_equal
 
-    from cwm.actions import actions_from_trace_json, replay, trace_to_json
+    from cwm.schedule.actions import actions_from_trace_json, replay, trace_to_json
 
     task, _, cands = cuda_candidates
     for c in cands[:4]:
@@ -73,8 +73,8 @@ def test_cuda_hardware_features_without_a_gpu():
 
 
 def test_cwm_scores_cuda_candidates(cuda_candidates, tiny_model):
-    from cwm.cost_model import WorldModelCostModel, runner_results
-    from cwm.world_model import WorldModel
+    from cwm.tuning.cost_model import WorldModelCostModel, runner_results
+    from cwm.model.world_model import WorldModel
 
     _, ctx, cands = cuda_candidates
     cm = WorldModelCostModel(WorldModel.load(tiny_model), min_update=4)
@@ -88,7 +88,7 @@ def test_cwm_scores_cuda_candidates(cuda_candidates, tiny_model):
 def test_xgb_scores_cuda_candidates(cuda_candidates):
     import tvm.s_tir.meta_schedule as ms
 
-    from cwm.cost_model import runner_results
+    from cwm.tuning.cost_model import runner_results
 
     _, ctx, cands = cuda_candidates
     model = ms.cost_model.XGBModel(num_warmup_samples=0)
@@ -109,7 +109,7 @@ def _has_gpu() -> bool:
 @pytest.mark.skipif(not _has_gpu(), reason="measuring CUDA candidates needs a GPU")
 @pytest.mark.parametrize("cost_model", ["cwm", "xgb"])
 def test_cuda_tune_on_a_gpu(cost_model, tmp_path):
-    from cwm.tuning import tune
+    from cwm.tuning.tuner import tune
     from cwm.workloads import get_task
 
     task = get_task("matmul:M=64,N=64,K=64")

@@ -26,8 +26,8 @@ def _spaces(spec, seed):
 def test_sampled_traces_round_trip(spec, seed):
     from tvm_ffi import structural_equal
 
-    from cwm.actions import actions_from_trace_json, replay, trace_json_from_actions, trace_to_json
-    from cwm.dataset import Trajectory
+    from cwm.schedule.actions import actions_from_trace_json, replay, trace_json_from_actions, trace_to_json
+    from cwm.data.dataset import Trajectory
 
     task, spaces = _spaces(spec, seed)
     for sch in spaces:

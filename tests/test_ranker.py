@@ -7,14 +7,8 @@ import numpy as np
 import pytest
 
 from cwm.errors import CwmError
-from cwm.metrics import (
-    evaluate_ranking,
-    ndcg_at_k,
-    pairwise_accuracy,
-    spearman_within_groups,
-    topk_score,
-)
-from cwm.ranker import CONFIG_FILE, MODEL_FILE, LambdaRanker, RankerConfig, relevance_labels
+from cwm.model.metrics import evaluate_ranking, ndcg_at_k, pairwise_accuracy, spearman_within_groups, topk_score
+from cwm.model.ranker import CONFIG_FILE, MODEL_FILE, LambdaRanker, RankerConfig, relevance_labels
 
 SMALL = dict(n_estimators=30, max_depth=4, n_jobs=2)
 
@@ -257,7 +251,7 @@ def test_load_missing_file_and_feature_mismatch(tmp_path):
 def test_geomean_skips_unusable_values():
     import math
 
-    from cwm.metrics import geomean
+    from cwm.model.metrics import geomean
 
     assert geomean([2.0, 8.0]) == pytest.approx(4.0)
     assert geomean([0.1]) == 0.1 and geomean([3.7, 3.7, None]) == 3.7  # exact, unlike exp(log(x))

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from cwm.errors import CwmError
-from cwm.measure import RPCAddress
+from cwm.tuning.measure import RPCAddress
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +30,8 @@ def rpc_farm():
 
 
 def test_collect_through_rpc(tmp_path, tiny_task, rpc_farm):
-    from cwm.collect import collect
-    from cwm.database import load_raw
+    from cwm.tuning.collect import collect
+    from cwm.data.database import load_raw
 
     report = collect([tiny_task], tmp_path, n_random=4, n_evolutionary=0, batch=4, rpc=rpc_farm, progress=False)
     assert report.measured == 4
@@ -40,7 +40,7 @@ def test_collect_through_rpc(tmp_path, tiny_task, rpc_farm):
 
 
 def test_tune_through_rpc_with_two_servers(tmp_path, tiny_task, rpc_farm):
-    from cwm.tuning import tune
+    from cwm.tuning.tuner import tune
 
     result = tune(tiny_task, trials=8, work_dir=tmp_path, cost_model="random", rpc=rpc_farm,
                   num_trials_per_iter=8, progress=False)
@@ -49,7 +49,7 @@ def test_tune_through_rpc_with_two_servers(tmp_path, tiny_task, rpc_farm):
 
 
 def test_a_gather_is_measured_through_rpc(tmp_path, rpc_farm):
-    from cwm.tuning import tune
+    from cwm.tuning.tuner import tune
 
     from .test_collect import _gather_task
 
@@ -60,7 +60,7 @@ def test_a_gather_is_measured_through_rpc(tmp_path, rpc_farm):
 
 
 def test_parallel_collect_through_rpc_merges_shards(tmp_path, rpc_farm):
-    from cwm.collect import SHARD_DIR, collect, existing_counts, measured_trace_keys
+    from cwm.tuning.collect import SHARD_DIR, collect, existing_counts, measured_trace_keys
     from cwm.workloads import get_task
 
     tasks = [get_task("matmul:M=32,N=32,K=32"), get_task("matmul:M=16,N=32,K=64")]
@@ -76,7 +76,7 @@ def test_parallel_collect_through_rpc_merges_shards(tmp_path, rpc_farm):
 
 
 def test_parallel_collect_needs_rpc(tmp_path):
-    from cwm.collect import collect
+    from cwm.tuning.collect import collect
     from cwm.workloads import get_task
 
     with pytest.raises(CwmError, match="RPC"):
@@ -86,8 +86,8 @@ def test_parallel_collect_needs_rpc(tmp_path):
 def test_merge_database_adds_only_missing_records(tmp_path, tiny_db):
     import shutil
 
-    from cwm.database import load_raw, merge_database
-    from cwm.dataset import read_task_index
+    from cwm.data.database import load_raw, merge_database
+    from cwm.data.database import read_task_index
 
     dst = tmp_path / "dst"
     shutil.copytree(tiny_db, dst)
@@ -99,7 +99,7 @@ def test_merge_database_adds_only_missing_records(tmp_path, tiny_db):
 
 
 def test_rpc_runner_measures_on_every_server(rpc_farm):
-    from cwm.measure import make_runner
+    from cwm.tuning.measure import make_runner
 
     assert rpc_farm.server_count() == 2
     assert make_runner(rpc=rpc_farm).pool._threadpool._max_workers == 2
@@ -125,7 +125,7 @@ def _named_matmul_db(db_dir, prefix: str, tiles):
     from tvm import te
     from tvm.s_tir import Schedule
 
-    from cwm.database import open_database
+    from cwm.data.database import open_database
 
     a = te.placeholder((16, 16), name="a")
     b = te.placeholder((16, 16), name="b")
@@ -150,8 +150,8 @@ def test_merge_keeps_equal_workloads_with_other_block_names_apart(tmp_path):
     import tvm.s_tir.meta_schedule as ms
     from tvm_ffi import structural_equal
 
-    from cwm.database import load_raw, merge_database
-    from cwm.dataset import load_dataset
+    from cwm.data.database import load_raw, merge_database
+    from cwm.data.dataset import load_dataset
 
     first = _named_matmul_db(tmp_path / "a", "first", [2, 4])
     second = _named_matmul_db(tmp_path / "b", "second", [2, 8])

@@ -1,6 +1,6 @@
 import numpy as np
 
-from cwm.schedule_features import SCHEDULE_FEATURE_NAMES, schedule_features
+from cwm.features.loop_nest import SCHEDULE_FEATURE_NAMES, schedule_features
 
 # A CPU matmul trace (128x128x256) as MetaSchedule writes it, post-processing included.
 TRACE = [

@@ -10,32 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from cwm.action_features import (
-    ANNOTATION_KEYS,
-    ARG_NAMES,
-    KIND_TO_ID,
-    KNOWN_KINDS,
-    NUM_ARGS,
-    NUM_STRUCT,
-    STRUCT_NAMES,
-    UNK_ID,
-    encode_actions,
-    structured_features,
-)
+from cwm.features.action_features import ANNOTATION_KEYS, ARG_NAMES, KIND_TO_ID, KNOWN_KINDS, NUM_ARGS, NUM_STRUCT, STRUCT_NAMES, UNK_ID, encode_actions, structured_features
 from cwm.errors import CwmError
-from cwm.transition import (
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    ActionEmbedding,
-    Transition,
-    TransitionConfig,
-    TransitionModel,
-    TransH,
-    encode_batch,
-    pad_batch,
-    rollout,
-    rollout_loss,
-)
+from cwm.model.transition import CONFIG_FILE, WEIGHTS_FILE, ActionEmbedding, Transition, TransitionConfig, TransitionModel, TransH, encode_batch, pad_batch, rollout, rollout_loss
 
 EXAMPLE = r"""
 {"kind": "GetSBlock", "inputs": [], "attrs": ["C", "main"], "outputs": ["b0"], "decision": null}
@@ -419,7 +396,7 @@ def test_unfitted_and_bad_shapes_raise():
 import copy
 import random
 
-import cwm.action_features as af
+import cwm.features.action_features as af
 
 
 def _ref_put_tiles(row, factors):

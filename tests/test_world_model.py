@@ -49,8 +49,8 @@ def test_train_and_eval_cli_end_to_end(multi_db, multi_split, tmp_path):
 
 
 def test_save_load_gives_identical_predictions(tiny_model, multi_db, tmp_path):
-    from cwm.dataset import load_dataset
-    from cwm.world_model import WorldModel
+    from cwm.data.dataset import load_dataset
+    from cwm.model.world_model import WorldModel
 
     ds = load_dataset(multi_db).valid()
     model = WorldModel.load(tiny_model)
@@ -64,7 +64,7 @@ def test_save_load_gives_identical_predictions(tiny_model, multi_db, tmp_path):
 
 
 def test_broken_model_directories(tiny_model, tmp_path):
-    from cwm.world_model import WorldModel
+    from cwm.model.world_model import WorldModel
 
     broken = tmp_path / "m"
     shutil.copytree(tiny_model, broken)
@@ -83,7 +83,7 @@ def test_broken_model_directories(tiny_model, tmp_path):
 
 
 def test_empty_split_is_a_clear_error(multi_db, tmp_path):
-    from cwm.training import TrainSettings, train
+    from cwm.model.training import TrainSettings, train
 
     with pytest.raises(CwmError, match="no valid records"):
         train(multi_db, {"train": [], "val": [], "test": []}, tmp_path, TrainSettings.tiny(), progress=False)
@@ -93,8 +93,8 @@ def _first_task_candidates(multi_db):
     """(task id, its valid trajectories, their MeasureCandidates, a TuneContext) of multi_db's first task."""
     import tvm.s_tir.meta_schedule as ms
 
-    from cwm.cost_model import measure_candidates
-    from cwm.dataset import load_dataset
+    from cwm.tuning.cost_model import measure_candidates
+    from cwm.data.dataset import load_dataset
     from cwm.hardware import make_target
 
     ds = load_dataset(multi_db).valid()
@@ -105,8 +105,8 @@ def _first_task_candidates(multi_db):
 
 
 def test_cost_model_predict_update_save_load(tiny_model, multi_db, tmp_path):
-    from cwm.cost_model import WorldModelCostModel, runner_results
-    from cwm.world_model import WorldModel
+    from cwm.tuning.cost_model import WorldModelCostModel, runner_results
+    from cwm.model.world_model import WorldModel
 
     tid, trajs, cands, ctx = _first_task_candidates(multi_db)
     cm = WorldModelCostModel(WorldModel.load(tiny_model), min_update=4)
@@ -123,8 +123,8 @@ def test_cost_model_predict_update_save_load(tiny_model, multi_db, tmp_path):
 
 
 def test_cost_model_finetunes_the_transition_per_task(tiny_model, multi_db, tmp_path):
-    from cwm.cost_model import WorldModelCostModel, runner_results
-    from cwm.world_model import WorldModel
+    from cwm.tuning.cost_model import WorldModelCostModel, runner_results
+    from cwm.model.world_model import WorldModel
 
     tid, trajs, cands, ctx = _first_task_candidates(multi_db)
     frozen = WorldModelCostModel(WorldModel.load(tiny_model), min_update=4)
@@ -160,9 +160,9 @@ def test_cost_model_finetunes_the_transition_per_task(tiny_model, multi_db, tmp_
 
 
 def test_finetuning_needs_a_rollout_model(tiny_model):
-    from cwm.cost_model import WorldModelCostModel
+    from cwm.tuning.cost_model import WorldModelCostModel
     from cwm.errors import CwmError
-    from cwm.world_model import WorldModel, WorldModelConfig
+    from cwm.model.world_model import WorldModel, WorldModelConfig
 
     base = WorldModel.load(tiny_model)
     initial = WorldModel(base.encoder, base.transition, base.ranker, WorldModelConfig(latent="initial"))
@@ -173,11 +173,11 @@ def test_finetuning_needs_a_rollout_model(tiny_model):
 def test_cost_model_feature_cache_matches_fresh_features(tiny_model, multi_db):
     import tvm.s_tir.meta_schedule as ms
 
-    from cwm.actions import actions_from_trace_json, trace_to_json
-    from cwm.cost_model import WorldModelCostModel, measure_candidates
-    from cwm.dataset import load_dataset
+    from cwm.schedule.actions import actions_from_trace_json, trace_to_json
+    from cwm.tuning.cost_model import WorldModelCostModel, measure_candidates
+    from cwm.data.dataset import load_dataset
     from cwm.hardware import make_target
-    from cwm.world_model import WorldModel
+    from cwm.model.world_model import WorldModel
 
     ds = load_dataset(multi_db).valid()
     tid = sorted(ds.by_task)[0]
@@ -204,8 +204,8 @@ def test_cost_model_feature_cache_matches_fresh_features(tiny_model, multi_db):
 def test_scoring_pauses_the_garbage_collector_and_restores_it(tiny_model, multi_db, monkeypatch):
     import gc
 
-    from cwm.cost_model import WorldModelCostModel, gc_paused
-    from cwm.world_model import WorldModel
+    from cwm.tuning.cost_model import WorldModelCostModel, gc_paused
+    from cwm.model.world_model import WorldModel
 
     _, _, cands, ctx = _first_task_candidates(multi_db)
     cm = WorldModelCostModel(WorldModel.load(tiny_model))
@@ -231,8 +231,8 @@ def test_scoring_pauses_the_garbage_collector_and_restores_it(tiny_model, multi_
 def test_cost_model_warns_once_when_the_model_was_trained_on_another_machine(tiny_model, multi_db, caplog):
     import dataclasses
 
-    from cwm.cost_model import WorldModelCostModel
-    from cwm.world_model import WorldModel
+    from cwm.tuning.cost_model import WorldModelCostModel
+    from cwm.model.world_model import WorldModel
 
     _, _, cands, ctx = _first_task_candidates(multi_db)
     here = WorldModelCostModel(WorldModel.load(tiny_model))  # the tiny model was trained on this machine
@@ -250,8 +250,8 @@ def test_cost_model_warns_once_when_the_model_was_trained_on_another_machine(tin
 
 @pytest.mark.parametrize("cost_model", ["cwm", "xgb", "random"])
 def test_eight_trial_tune_gives_a_valid_database(cost_model, tiny_model, tmp_path):
-    from cwm.database import load_raw
-    from cwm.tuning import tune
+    from cwm.data.database import load_raw
+    from cwm.tuning.tuner import tune
     from cwm.workloads import get_task
 
     task = get_task("matmul:M=32,N=32,K=32")
@@ -264,9 +264,9 @@ def test_eight_trial_tune_gives_a_valid_database(cost_model, tiny_model, tmp_pat
 
 
 def test_resumed_tune_warm_starts_its_cost_model(tiny_model, tmp_path):
-    from cwm.database import load_raw
+    from cwm.data.database import load_raw
     from cwm.hardware import make_target
-    from cwm.tuning import make_cost_model, tune, warm_start
+    from cwm.tuning.tuner import make_cost_model, tune, warm_start
     from cwm.workloads import get_task
 
     task, target = get_task("matmul:M=32,N=32,K=32"), make_target()
@@ -299,7 +299,7 @@ def test_tune_a_tvmscript_file(tiny_model, tmp_path):
 
 
 def test_the_shipped_model_is_chosen_by_the_machine_it_was_trained_on():
-    from cwm.world_model import CONFIG_FILE, default_model_dir, shipped_models
+    from cwm.model.world_model import CONFIG_FILE, default_model_dir, shipped_models
 
     models = shipped_models()
     assert {"default", "znver3"} <= set(models)

@@ -87,9 +87,10 @@ def collect(
                                               help="Skip tasks that have records in this database (repeatable)."),
 ):
     """Measure candidates into a resumable MetaSchedule database."""
-    from .collect import collect as run_collect, collected_task_ids
     from .hardware import make_target
-    from .measure import RPCAddress
+    from .tuning.collect import collect as run_collect
+    from .tuning.collect import collected_task_ids
+    from .tuning.measure import RPCAddress
 
     _quiet_tvm_logs()
     tgt = make_target(target)
@@ -129,8 +130,8 @@ def tune(
 ):
     """Tune a workload, a network or a TVMScript kernel; writes a database and a report."""
     from .hardware import make_target
-    from .measure import RPCAddress
-    from .tuning import tune as run_tune
+    from .tuning.measure import RPCAddress
+    from .tuning.tuner import tune as run_tune
     from .workloads import load_tir_file
 
     _quiet_tvm_logs()
@@ -151,7 +152,7 @@ def tune(
                       target=tgt, rpc=address, seed=seed, num_trials_per_iter=per_iter,
                       finetune_transition=finetune_transition)
     if network is not None:
-        from .tuning import tune_layout_tasks
+        from .tuning.tuner import tune_layout_tasks
         from .workloads import network_tasks
 
         layout = tune_layout_tasks(network_tasks(network, tgt), work_dir=work_dir, target=tgt, rpc=address,
@@ -184,9 +185,11 @@ def train(
 
     Data-parallel on CPU: torchrun --nproc_per_node 2 -m cwm.cli train --db ... (rank 0 writes).
     """
-    from . import distributed
-    from .dataset import load_split, resolve_db
-    from .training import TrainSettings, train as run_train
+    from .data.reference import resolve_db
+    from .data.split import load_split
+    from .model import distributed
+    from .model.training import TrainSettings
+    from .model.training import train as run_train
 
     _quiet_tvm_logs()
     settings = TrainSettings.tiny() if tiny else TrainSettings()
@@ -213,10 +216,11 @@ def evaluate(
     cache_dir: Optional[Path] = typer.Option(None),
 ):
     """Offline ranking evaluation on the test tasks against xgb-static and the ablations."""
-    from .dataset import load_split, resolve_db
-    from .evaluation import evaluate as run_eval
-    from .training import TrainSettings
-    from .world_model import default_model_dir
+    from .benchmarks.offline import evaluate as run_eval
+    from .data.reference import resolve_db
+    from .data.split import load_split
+    from .model.training import TrainSettings
+    from .model.world_model import default_model_dir
 
     _quiet_tvm_logs()
     settings = TrainSettings.tiny() if tiny else TrainSettings()
@@ -245,9 +249,9 @@ def compare_models(
     out: Optional[Path] = typer.Option(None, help="Where to write the JSON report."),
 ):
     """Ranking quality of world models on every task of a database (pairwise, ndcg@10, top-1, top-5)."""
-    from .database import atomic_write_text
-    from .dataset import resolve_db
-    from .evaluation import compare_models as run_compare
+    from .benchmarks.offline import compare_models as run_compare
+    from .data.reference import resolve_db
+    from .io import atomic_write_text
 
     _quiet_tvm_logs()
     names = [str(m) for m in models]
@@ -282,8 +286,9 @@ def bench_search(
 ):
     """Fixed-budget search against MetaSchedule's XGBoost model, interleaved, >= 3 seeds."""
     from .benchmarks.search import DEFAULT_SUBGRAPHS, run_search_benchmark
-    from .dataset import load_split, resolve_db
-    from .world_model import default_model_dir
+    from .data.reference import resolve_db
+    from .data.split import load_split
+    from .model.world_model import default_model_dir
 
     _quiet_tvm_logs()
     chosen = [c.strip() for c in contenders.split(",") if c.strip()]
@@ -332,7 +337,7 @@ def build(
     target: Optional[str] = typer.Option(None, help="'cpu' (default), 'cuda' or target JSON."),
 ):
     """Build a network with its tuned schedules applied and export a shared library."""
-    from .deploy import build_network
+    from .deploy.build import build_network
     from .hardware import make_target
 
     _quiet_tvm_logs()
@@ -351,7 +356,9 @@ def run(
     """Run a built network on the Relax VM with random inputs (checked against PyTorch with --network)."""
     import numpy as np
 
-    from .deploy import check_against_torch, load_and_run, random_inputs, tolerance_for
+    from .deploy.build import random_inputs
+    from .deploy.check import check_against_torch, tolerance_for
+    from .deploy.runtime import load_and_run
     from .workloads.networks import get_network, torch_model
 
     _quiet_tvm_logs()
@@ -388,7 +395,7 @@ def bench_e2e(
 ):
     """End to end: PyTorch eager and compile vs TVM untuned, xgb-tuned and cwm-tuned networks."""
     from .benchmarks.e2e import DEFAULT_NETWORKS, run_e2e_benchmark
-    from .world_model import default_model_dir
+    from .model.world_model import default_model_dir
 
     _quiet_tvm_logs()
     summary = run_e2e_benchmark(networks or DEFAULT_NETWORKS, out, trials_per_task=trials_per_task,
@@ -420,8 +427,9 @@ def dataset_stats(
     plot: Optional[Path] = typer.Option(None, help="Write a PNG of action kinds and trajectory lengths."),
 ):
     """Records per task, valid/failed counts, latency spread, action kinds and trajectory lengths."""
-    from .dataset import load_dataset, resolve_db
-    from .reports import plot_dataset_stats, format_dataset_stats
+    from .data.dataset import load_dataset
+    from .data.reference import resolve_db
+    from .data.stats import format_dataset_stats, plot_dataset_stats
 
     ds = load_dataset(resolve_db(db))
     stats = ds.stats()
@@ -438,8 +446,10 @@ def dataset_split(
     seed: int = typer.Option(0),
 ):
     """Write a train/val/test split by task (about 70/15/15, with held-out kinds and shapes)."""
-    from .database import atomic_write_text
-    from .dataset import load_dataset, make_split, resolve_db
+    from .data.dataset import load_dataset
+    from .data.reference import resolve_db
+    from .data.split import make_split
+    from .io import atomic_write_text
 
     ds = load_dataset(resolve_db(db))
     split = make_split(ds.tasks, seed=seed)
@@ -455,7 +465,8 @@ def dataset_pack(
     split: Optional[Path] = typer.Option(None, help="Split JSON to summarize in the manifest."),
 ):
     """Compress a database into reference_db.tar.gz with a manifest (machine, target, counts)."""
-    from .dataset import load_split, pack_database
+    from .data.reference import pack_database
+    from .data.split import load_split
 
     summary = pack_database(db, out, load_split(split) if split else None)
     typer.echo(f"{summary['records']} records ({summary['valid']} valid) of {summary['tasks']} tasks; "
@@ -468,7 +479,7 @@ def dataset_merge(
     db: Path = typer.Option(..., "--db", help="Database directory to merge into (created if absent)."),
 ):
     """Merge tuning logs (e.g. `cwm tune` work directories) into one training database."""
-    from .database import RECORD_FILE, merge_database
+    from .data.database import RECORD_FILE, merge_database
 
     for source in sources:
         if not (source / RECORD_FILE).exists():
@@ -488,7 +499,8 @@ def dataset_export(
     states: bool = typer.Option(False, help="Include replayed intermediate and final states."),
 ):
     """Export trajectory records (initial state, actions, states, latency, hardware) as JSONL."""
-    from .dataset import load_dataset, resolve_db
+    from .data.dataset import load_dataset
+    from .data.reference import resolve_db
 
     n = load_dataset(resolve_db(db)).export_jsonl(out, with_states=states)
     typer.echo(f"{n} trajectories written to {out}")

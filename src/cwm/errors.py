@@ -3,3 +3,11 @@
 
 class CwmError(Exception):
     """An error caused by the user's input or environment, reported without a traceback."""
+
+
+def first_line(err: BaseException) -> str:
+    """The informative line of an exception's message."""
+    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+    # TVM errors end with the informative line; Python errors start with it.
+    msg = lines[-1] if lines and type(err).__module__.startswith("tvm") else (lines[0] if lines else "")
+    return msg or type(err).__name__

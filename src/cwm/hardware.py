@@ -198,3 +198,14 @@ def hardware_for_target(target) -> HardwareInfo:
                             l2_kb=0, l3_kb=0, mcpu=str(target.attrs.get("arch", "")),
                             shared_mem_kb=int(target.attrs.get("max_shared_memory_per_block", 0)) // 1024)
     return host_cpu()
+
+
+def as_target(target):
+    """A TVM Target from None (this host), a name, a JSON dict/string or a Target."""
+    from tvm.target import Target
+
+    if target is None:
+        return make_target()
+    if isinstance(target, Target):
+        return target
+    return make_target(target)

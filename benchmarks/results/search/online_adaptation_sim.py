@@ -1,10 +1,10 @@
 """Usage: mkdir runs_b64 && tar xzf runs_b64.tar.gz -C runs_b64 && python online_adaptation_sim.py runs_b64"""
-import json, copy, glob, sys
+import copy, glob, sys
 from pathlib import Path
 import numpy as np
-from cwm.dataset import load_dataset
-from cwm.world_model import WorldModel
-from cwm.metrics import pairwise_accuracy
+from cwm.data.dataset import load_dataset
+from cwm.model.world_model import WorldModel
+from cwm.model.metrics import pairwise_accuracy
 model = WorldModel.load()
 rows = {}
 for run_json in sorted(glob.glob(sys.argv[1] + '/**/b64/cwm/seed*/run.json', recursive=True)):

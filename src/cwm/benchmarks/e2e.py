@@ -5,7 +5,7 @@ For each network: tune its compute tasks with each cost model under the same bud
 layout tasks with ``LAYOUT_TRIALS_PER_TASK`` trials each, build
 the untuned and tuned libraries, check each against PyTorch, then time PyTorch eager,
 ``torch.compile`` (inductor), TVM untuned and TVM tuned per cost model in rotating blocks
-(``deploy.time_interleaved``), median of ``runs`` calls. Also records the tuning wall time and a
+(``cwm.benchmarks.timing.time_interleaved``), median of ``runs`` calls. Also records the tuning wall time and a
 roofline: the GFLOP/s of the best tuned kernels of the largest compute-bound tasks as a fraction
 of a measured torch matmul peak.
 
@@ -29,9 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..database import RECORD_FILE, WORKLOAD_FILE, atomic_file, atomic_write_text
+from ..data.database import RECORD_FILE, WORKLOAD_FILE
 from ..errors import CwmError
-from ..metrics import geomean as metrics_geomean
+from ..io import atomic_file, atomic_write_text
+from ..model.metrics import geomean as metrics_geomean
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,8 @@ def _weights_fingerprint(model) -> str:
 
 def _build_cached(mod_fn, db_dir, target, lib_path: Path, weights: str) -> dict:
     """build_network, unless ``lib_path`` exists and was built from the same weights and database state."""
-    from ..deploy import PIPELINE_VERSION, build_network, sidecar_path
+    from ..deploy.build import build_network, sidecar_path
+    from ..workloads.pipeline import PIPELINE_VERSION
 
     fp = [weights, _db_fingerprint(db_dir), PIPELINE_VERSION]
     side = sidecar_path(lib_path)
@@ -133,7 +135,7 @@ def _portable_path(path) -> str:
 def _tune_timed(tasks, budget, work_dir: Path, cost_model, model_path, target, seed, per_iter, progress):
     """tune() of the compute tasks, then tune_layout_tasks() of the layout tasks, with the wall time
     accumulated across resumed invocations in the work directory. ``tasks``: all of the network's."""
-    from ..tuning import add_invocation_time, tune, tune_layout_tasks
+    from ..tuning.tuner import add_invocation_time, tune, tune_layout_tasks
     from ..workloads import tunable
 
     start = time.time()
@@ -205,8 +207,8 @@ def _roofline(tasks, tune_results: dict, peak: tuple[float, float], top: int) ->
 
 
 def _config(trials_per_task, seeds, cost_models, runs, target, peak_n=1024) -> dict:
-    from ..deploy import TIMING_BLOCK
     from ..workloads.networks import LAYOUT_TRIALS_PER_TASK
+    from .timing import TIMING_BLOCK
 
     return {"trials_per_task": trials_per_task, "layout_trials_per_task": LAYOUT_TRIALS_PER_TASK,
             "seeds": list(seeds), "cost_models": list(cost_models), "runs": runs, "target": str(target),
@@ -238,9 +240,9 @@ def run_e2e_benchmark(
     tuples (tiny mode for tests). Work directories: ``work_root/<network>/<cost_model>/seed<k>``.
     Libraries: ``out_dir/libs/<network>/``. Returns the summary written to e2e.json.
     """
-    from ..deploy import peak_matmul_stats, set_threads
     from ..hardware import host_cpu, make_target
-    from ..tuning import COST_MODELS
+    from ..tuning.tuner import COST_MODELS
+    from .timing import peak_matmul_stats, set_threads
 
     if runs < 1 or trials_per_task < 1 or num_trials_per_iter < 1:
         raise CwmError("runs, trials_per_task and num_trials_per_iter must be positive")
@@ -253,7 +255,7 @@ def run_e2e_benchmark(
         if cm not in COST_MODELS:
             raise CwmError(f"unknown cost model {cm!r}; choose from {', '.join(COST_MODELS)}")
     if "cwm" in cost_models:
-        from ..world_model import default_model_dir
+        from ..model.world_model import default_model_dir
 
         path = Path(model_path) if model_path is not None else default_model_dir()
         if not Path(path).exists():
@@ -272,7 +274,7 @@ def run_e2e_benchmark(
     import tvm.s_tir.tensor_intrin  # noqa: F401
 
     if "cwm" in cost_models:
-        from ..world_model import WorldModel
+        from ..model.world_model import WorldModel
 
         world_model = WorldModel.load(path)  # a corrupt or outdated model fails now, not after the xgb runs
     target = make_target(target) if not hasattr(target, "kind") else target
@@ -327,8 +329,11 @@ def run_e2e_benchmark(
 def _benchmark_network(name, model, inputs, *, target, config, out_dir, work_root, trials_per_task, seeds,
                        cost_models, model_path, progress, runs, warmup, threads, per_iter, torch_compile,
                        roofline_top, peak) -> dict:
-    from .. import deploy
+    from ..deploy.check import check_against_torch, tolerance_for
+    from ..deploy.runtime import load_and_run
     from ..workloads import tunable
+    from ..workloads.pipeline import extract_tasks, relax_from_torch
+    from .timing import time_interleaved, torch_runner, tvm_runner
 
     t_start = time.time()
     model = model.eval()
@@ -336,10 +341,10 @@ def _benchmark_network(name, model, inputs, *, target, config, out_dir, work_roo
 
     def mod_fn():
         if "mod" not in mod_cache:
-            mod_cache["mod"] = deploy.relax_from_torch(model, inputs, target)
+            mod_cache["mod"] = relax_from_torch(model, inputs, target)
         return mod_cache["mod"]
 
-    all_tasks = deploy.extract_tasks(mod_fn(), target, network=name)
+    all_tasks = extract_tasks(mod_fn(), target, network=name)
     tasks = [t for t in all_tasks if tunable(t)]
     budget = trials_per_task * len(tasks)
     layout_budget = config["layout_trials_per_task"] * (len(all_tasks) - len(tasks))
@@ -385,13 +390,13 @@ def _benchmark_network(name, model, inputs, *, target, config, out_dir, work_roo
                                                           "seconds", "cached")}
 
     # 3. Correctness against PyTorch.
-    tol = deploy.tolerance_for(model)
+    tol = tolerance_for(model)
     np_inputs = [x.detach().cpu().numpy() for x in inputs]
     good = {}
     for key, (path, _) in libs.items():
         try:
-            out = deploy.load_and_run(path, np_inputs)
-            entry["checks"][key] = {"ok": True, **deploy.check_against_torch(model, inputs, out, **tol)}
+            out = load_and_run(path, np_inputs)
+            entry["checks"][key] = {"ok": True, **check_against_torch(model, inputs, out, **tol)}
             good[key] = path
         except CwmError as err:
             entry["checks"][key] = {"ok": False, "error": str(err), **tol}
@@ -399,19 +404,19 @@ def _benchmark_network(name, model, inputs, *, target, config, out_dir, work_roo
             log.error("%s %s: %s", name, key, err)
 
     # 4. Interleaved timing.
-    contenders = {EAGER: deploy.torch_runner(model, inputs)}
+    contenders = {EAGER: torch_runner(model, inputs)}
     if torch_compile:
         import torch
 
         torch._dynamo.reset()
-        contenders[COMPILED] = deploy.torch_runner(model, inputs, compile=True)
+        contenders[COMPILED] = torch_runner(model, inputs, compile=True)
     else:
         entry["errors"][COMPILED] = "disabled"
     for key, path in good.items():
-        contenders[key] = deploy.tvm_runner(path, np_inputs)
+        contenders[key] = tvm_runner(path, np_inputs)
     # Untuned TVM can take a minute a call (BERT): it is timed for about TIMING_BUDGET_S, at least
     # 3 calls, not 30.
-    timings, errors = deploy.time_interleaved(contenders, runs=runs, warmup=warmup, threads=threads,
+    timings, errors = time_interleaved(contenders, runs=runs, warmup=warmup, threads=threads,
                                               max_seconds=TIMING_BUDGET_S, min_runs=3)
     entry["errors"].update(errors)
     entry["timing"] = {k: v.as_json() for k, v in timings.items()}

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..database import atomic_write_text
 from ..errors import CwmError
-from ..metrics import geomean
+from ..io import atomic_write_text
+from ..model.metrics import geomean
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def _run_dir(root: Path, task, budget: int, contender: str, seed: int) -> Path:
 
 
 def _load_or_tune(task, budget, contender, seed, root, model_path, xgb_path, initial_path, per_iter, progress):
-    from ..tuning import add_invocation_time, tune
+    from ..tuning.tuner import add_invocation_time, tune
 
     run_dir = _run_dir(root, task, budget, contender, seed)
     done = run_dir / "run.json"
@@ -90,7 +90,7 @@ def remeasure_interleaved(items, target, runs: int = 30) -> list[float]:
     """Median latency of each (task, trace) pair, timing them round-robin in this process."""
     import tvm
 
-    from ..measure import compile_schedule
+    from ..tuning.measure import compile_schedule
 
     dev = tvm.device("cuda" if target.kind.name == "cuda" else "cpu", 0)
     prepared = []
@@ -112,8 +112,8 @@ def remeasure_interleaved(items, target, runs: int = 30) -> list[float]:
 
 def pretrain_xgb_file(db_dir, split: dict, out_path: Path, target, seed: int = 0) -> Path:
     """MetaSchedule's XGBModel warm-started on the training records the world model saw."""
-    from ..cost_model import pretrain_xgb
-    from ..dataset import load_dataset
+    from ..data.dataset import load_dataset
+    from ..tuning.cost_model import pretrain_xgb
 
     if out_path.exists():
         return out_path
@@ -126,10 +126,10 @@ def pretrain_xgb_file(db_dir, split: dict, out_path: Path, target, seed: int = 0
 
 def initial_state_model_dir(db_dir, split: dict, out_path: Path, model_path=None, seed: int = 0) -> Path:
     """The ``cwm-initial`` ablation as a model directory (kept in the work root and reused)."""
-    from ..dataset import load_dataset
-    from ..evaluation import ablation_model
-    from ..training import TrainSettings
-    from ..world_model import CONFIG_FILE, WorldModel
+    from ..data.dataset import load_dataset
+    from ..model.training import TrainSettings
+    from ..model.world_model import CONFIG_FILE, WorldModel
+    from .offline import ablation_model
 
     if (out_path / CONFIG_FILE).exists():
         return out_path
@@ -163,7 +163,7 @@ def run_search_benchmark(
         raise CwmError("budgets must be positive")
     if len(seeds) < 1:
         raise CwmError("at least one seed is needed")
-    from ..tuning import COST_MODELS
+    from ..tuning.tuner import COST_MODELS
 
     known = COST_MODELS + VARIANTS
     unknown = [c for c in contenders if c not in known]
@@ -171,10 +171,10 @@ def run_search_benchmark(
         raise CwmError(f"unknown contender {unknown[0]!r}; choose from {', '.join(known)}" if unknown
                        else "no contenders given")
     if any(c == "cwm" or c in VARIANTS for c in contenders):
-        from ..world_model import WorldModel
+        from ..model.world_model import WorldModel
 
         WorldModel.load(model_path)  # a missing or corrupt model fails now, not after the other runs
-    from ..database import ensure_directory
+    from ..io import ensure_directory
 
     out_dir, root = ensure_directory(out_dir, "output directory"), Path(work_root)
     target = make_target()
@@ -430,8 +430,8 @@ def diagnose_search_runs(work_root, out_dir, *, budget: int = 64, model_path=Non
     """
     import json as _json
 
-    from ..metrics import pairwise_accuracy
-    from ..world_model import WorldModel
+    from ..model.metrics import pairwise_accuracy
+    from ..model.world_model import WorldModel
 
     model = WorldModel.load(model_path)
     root = Path(work_root)
@@ -487,7 +487,7 @@ def diagnose_search_runs(work_root, out_dir, *, budget: int = 64, model_path=Non
 
 def finished_runs(root: Path, budget: int) -> list[tuple[dict, object]]:
     """``(run.json record, valid dataset of its database)`` of each finished run at ``budget``."""
-    from ..dataset import load_dataset
+    from ..data.dataset import load_dataset
 
     return [(json.loads(run_json.read_text()), load_dataset(run_json.parent).valid())
             for run_json in sorted(Path(root).glob(f"*/b{budget}/*/seed*/run.json"))]
@@ -501,7 +501,7 @@ def pooled_ranking(runs, model, xgb_path=None, initial_path=None) -> dict:
     (``xgb-pretrained``); with ``initial_path`` (if the model is there), the no-transition
     ablation. ``random`` is the floor.
     """
-    from ..metrics import evaluate_ranking, topk_score
+    from ..model.metrics import evaluate_ranking, topk_score
 
     pools: dict[str, dict] = {}
     for info, ds in runs:
@@ -510,15 +510,15 @@ def pooled_ranking(runs, model, xgb_path=None, initial_path=None) -> dict:
             for t in trajs:
                 pool["seen"].setdefault(json.dumps(t.actions, sort_keys=True), t)
     scorers = {"cwm": model}
-    from ..world_model import CONFIG_FILE, WorldModel
+    from ..model.world_model import CONFIG_FILE, WorldModel
 
     if initial_path is not None and (Path(initial_path) / CONFIG_FILE).exists():
         scorers["cwm-initial"] = WorldModel.load(initial_path)
     xgb = None
     if xgb_path is not None and Path(xgb_path).is_file():
-        from ..cost_model import xgb_scores
         from ..hardware import make_target
-        from ..tuning import make_cost_model
+        from ..tuning.cost_model import xgb_scores
+        from ..tuning.tuner import make_cost_model
 
         xgb, target = make_cost_model("xgb-pretrained", xgb_path).inner, make_target()
     rng = np.random.default_rng(0)

@@ -10,8 +10,9 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..errors import CwmError
 from ..compat import import_torchvision
+from ..errors import CwmError
+from .pipeline import relax_from_torch
 from .task import Task
 
 SEQ_LEN = 128
@@ -137,46 +138,6 @@ def torch_model(name: str):
     return get_network(name).build()
 
 
-def relax_from_torch(model, example_inputs, target, *, bind_params: bool = True):
-    """Export a PyTorch model to Relax with its parameters bound, ready for fusion and tuning.
-
-    ``torch.export`` -> ``from_exported_program`` -> bind the weights as constants ->
-    ``DecomposeOpsForInference`` (eval-mode batch norm becomes elementwise arithmetic) ->
-    ``CanonicalizeBindings`` -> ``FoldConstant``. No ``batch_norm`` op is left, so FuseOps later
-    folds it into the convolution's epilogue. The model is put in eval mode.
-    """
-    import torch
-    import tvm
-    from tvm import relax
-    from tvm.relax.frontend.torch import from_exported_program
-
-    if not isinstance(example_inputs, (tuple, list)):
-        example_inputs = (example_inputs,)
-    model = model.eval()
-    try:
-        with torch.no_grad():
-            exported = torch.export.export(model, tuple(example_inputs))
-        mod = from_exported_program(exported, keep_params_as_input=True)
-    except Exception as err:  # export and the frontend raise many error types
-        first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
-        raise CwmError(f"cannot import {type(model).__name__} into Relax: {first}") from err
-    mod, params = relax.frontend.detach_params(mod)
-    if bind_params and params.get("main"):
-        fparams = mod["main"].params
-        weights = params["main"]
-        bound = dict(zip(fparams[len(fparams) - len(weights):], weights))
-        mod = relax.transform.BindParams("main", bound)(mod)
-    with target:
-        mod = tvm.transform.Sequential(
-            [
-                relax.transform.DecomposeOpsForInference(),
-                relax.transform.CanonicalizeBindings(),
-                relax.transform.FoldConstant(),
-            ]
-        )(mod)
-    return mod
-
-
 def relax_module(name: str, target, *, bind_params: bool = True):
     """Export a named network to Relax (see ``relax_from_torch``)."""
     model, inputs = torch_model(name)
@@ -194,29 +155,10 @@ def _network_tasks_cached(name: str, target_json: str) -> tuple[Task, ...]:
 
     from tvm.target import Target
 
-    from ..deploy import extract_tasks  # the tasks `cwm build` applies the database to
+    from .pipeline import extract_tasks  # the tasks `cwm build` applies the database to
 
     target = Target(json.loads(target_json))
     return tuple(extract_tasks(relax_module(name, target), target, network=name))
-
-
-def _kind_for(task: Task) -> str:
-    from .task import kind_of
-
-    short = task.name.split("/", 1)[1]
-    kind = kind_of(short)
-    if kind == "conv2d" and _is_depthwise(task.mod):
-        return "depthwise_conv2d"
-    if kind == "matmul" and "add" in short:
-        return "dense"
-    return kind
-
-
-def _is_depthwise(mod) -> bool:
-    """A grouped conv with one input channel per group (Relax legalizes it as group_conv2d)."""
-    from ..database import block_names
-
-    return any(name.startswith("group_conv2d") or name.startswith("DepthwiseConv2d") for name in block_names(mod))
 
 
 def network_tasks(name: str, target=None) -> list[Task]:

@@ -65,6 +65,6 @@ EXTRA_TASKS = [
 
 
 def reference_tasks(target=None):
-    from . import resolve_task
+    from .resolve import resolve_task
 
     return [resolve_task(name, target) for name in REFERENCE_TASKS]

@@ -25,8 +25,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from cwm.errors import CwmError
-from cwm.metrics import as_latencies, group_codes
+from ..errors import CwmError
+from .metrics import as_latencies, group_codes
 
 __all__ = [
     "MODEL_FILE",
@@ -411,7 +411,7 @@ class LambdaRanker:
         """Restore a ranker written by :meth:`save`."""
         import xgboost as xgb
 
-        from cwm.persist import read_config
+        from ..io import read_config
 
         d = Path(directory)
         cfg_path = d / CONFIG_FILE

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
-from .errors import CwmError
+from ..errors import CwmError
 
 
 def build_without_tensor_intrin(mod, target, _params):
@@ -25,7 +25,7 @@ def build_without_tensor_intrin(mod, target, _params):
 def make_builder(max_workers: int | None = None, timeout_sec: float = 60.0):
     import tvm.s_tir.meta_schedule as ms
 
-    from .hardware import physical_cores
+    from ..hardware import physical_cores
 
     return ms.builder.LocalBuilder(
         max_workers=max_workers or physical_cores(),
@@ -173,7 +173,7 @@ def compile_schedule(task, trace_json, target):
     """Build the schedule a trace gives on a task's module; returns (runtime module, arguments)."""
     import tvm
 
-    from .actions import actions_from_trace_json, replay
+    from ..schedule.actions import actions_from_trace_json, replay
 
     sch = replay(task.mod, actions_from_trace_json(trace_json))
     lib = build_without_tensor_intrin(sch.mod, target, None)

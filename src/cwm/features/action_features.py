@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .actions import NON_IR_KINDS, QUERY_KINDS, SAMPLING_KINDS
+from ..schedule.actions import NON_IR_KINDS, QUERY_KINDS, SAMPLING_KINDS
 
 # --------------------------------------------------------------------------------------------
 # Vocabularies

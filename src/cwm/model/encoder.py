@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import distributed
-from .database import atomic_file
-from .errors import CwmError
+from ..errors import CwmError
+from ..io import atomic_file
+from ..model import distributed
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -72,7 +72,7 @@ def _torch():
 
 
 def _transformers():
-    from .compat import import_transformers
+    from ..compat import import_transformers
 
     _torch()
     return import_transformers()
@@ -821,7 +821,7 @@ class StateEncoder:
         """Restore an encoder written by ``save``; raises CwmError naming a missing or bad file."""
         from safetensors.torch import load_file
 
-        from .persist import read_config
+        from ..io import read_config
 
         directory = Path(directory)
         config_path = directory / CONFIG_FILE

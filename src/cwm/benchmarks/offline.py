@@ -14,12 +14,11 @@ import contextlib
 import json
 import logging
 import time
-from pathlib import Path
 
 import numpy as np
 
-from .errors import CwmError
-from .metrics import geomean
+from ..errors import CwmError
+from ..model.metrics import geomean
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +27,8 @@ CONTENDERS = ("cwm", "xgb-static", "final-state", "initial-state", "random")
 
 def ablation_model(base, latent: str, train_ds, val_ds, settings, final_latents=None):
     """``base`` with another latent (``initial``: E(s0), ``final``: E(s_T)), its ranker refit on the same records."""
-    from .training import fit_ranker
-    from .world_model import WorldModel, WorldModelConfig
+    from ..model.training import fit_ranker
+    from ..model.world_model import WorldModel, WorldModelConfig
 
     model = WorldModel(base.encoder, base.transition, base.ranker,
                        WorldModelConfig(latent=latent, hardware=base.config.hardware))
@@ -62,16 +61,16 @@ def _restrict(ds, record_indices: set):
 def evaluate(model_dir, db_dir, split: dict, out_dir, *, settings=None, final_per_task: int = 64,
              throughput_batch: int = 512, seed: int = 0, progress: bool = True, cache_dir=None,
              curve_repeats: int = 5) -> dict:
-    from .cost_model import pretrain_xgb, xgb_scores
-    from .dataset import load_dataset
-    from .hardware import make_target
-    from .metrics import evaluate_ranking
-    from .training import TrainSettings, ranker_arrays
-    from .world_model import WorldModel
+    from ..data.dataset import load_dataset
+    from ..hardware import make_target
+    from ..model.metrics import evaluate_ranking
+    from ..model.training import TrainSettings, ranker_arrays
+    from ..model.world_model import WorldModel
+    from ..tuning.cost_model import pretrain_xgb, xgb_scores
 
     settings = settings or TrainSettings()
     rng = np.random.default_rng(seed)
-    from .database import ensure_directory
+    from ..io import ensure_directory
 
     model = WorldModel.load(model_dir)
     out_dir = ensure_directory(out_dir, "output directory")
@@ -142,10 +141,10 @@ def evaluate(model_dir, db_dir, split: dict, out_dir, *, settings=None, final_pe
 def compare_models(model_dirs: dict, db_dir, *, cache_dir=None) -> dict:
     """Ranking quality of world models on every task of a database, e.g. measurements from a
     machine or a network none of them was trained on: {name: metrics} plus the counts."""
-    from .dataset import load_dataset
-    from .metrics import evaluate_ranking
-    from .training import ranker_arrays
-    from .world_model import WorldModel
+    from ..data.dataset import load_dataset
+    from ..model.metrics import evaluate_ranking
+    from ..model.training import ranker_arrays
+    from ..model.world_model import WorldModel
 
     if not model_dirs:
         raise CwmError("no world models to compare")
@@ -171,9 +170,9 @@ def learning_curve(model, initial_model, train_ds, heldout_ds, settings, *, repe
     """
     from tqdm import tqdm
 
-    from .metrics import evaluate_ranking
-    from .ranker import LambdaRanker, RankerConfig
-    from .training import ranker_arrays
+    from ..model.metrics import evaluate_ranking
+    from ..model.ranker import LambdaRanker, RankerConfig
+    from ..model.training import ranker_arrays
 
     rng = np.random.default_rng(seed)
     tids = sorted(train_ds.by_task)
@@ -239,8 +238,12 @@ def evaluator_throughput(model, xgb, ds, target, batch: int, reps: int = 3) -> d
     """
     import tvm.s_tir.meta_schedule as ms
 
-    from .actions import actions_from_trace_json, trace_json_from_text, trace_json_text
-    from .cost_model import WorldModelCostModel, gc_paused, measure_candidates
+    from ..schedule.actions import (
+        actions_from_trace_json,
+        trace_json_from_text,
+        trace_json_text,
+    )
+    from ..tuning.cost_model import WorldModelCostModel, gc_paused, measure_candidates
 
     def best_us(fn, n, paused=False):
         """``paused``: a stage of cwm's predict, timed as predict runs it (collector paused)."""
@@ -318,7 +321,7 @@ def noise_probe(model, ds) -> dict:
     """
     from scipy.stats import kendalltau
 
-    from .workloads import get_task
+    from ..workloads import get_task
 
     by_name = {info.name: tid for tid, info in ds.tasks.items()}
     tids = sorted(ds.initial_states)

@@ -260,3 +260,8 @@ def replay_states(mod, actions: list[dict], steps: list[int] | None = None) -> d
     if steps is None:
         steps = [i + 1 for i, a in enumerate(actions) if changes_ir(a)]
     return {t: replay(mod, actions, t).mod.script() for t in steps}
+
+
+
+def trace_key(trace_json) -> str:
+    return json.dumps(trace_json, sort_keys=True, separators=(",", ":"))

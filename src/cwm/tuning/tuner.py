@@ -13,8 +13,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .database import FAILURE_FILE, atomic_write_text, open_database
-from .errors import CwmError
+from ..data.database import FAILURE_FILE, open_database
+from ..errors import CwmError
+from ..io import atomic_write_text
 from .measure import EvaluatorSettings, error_kind, make_builder, make_runner
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,6 @@ def make_cost_model(kind: str, model_path=None, seed: int = 0, finetune_transiti
     if finetune_transition and kind != "cwm":
         raise CwmError(f"only the cwm cost model has a transition to fine-tune, not {kind!r}")
     import tvm.s_tir.meta_schedule as ms
-
     from tvm.s_tir.meta_schedule.cost_model.xgb_model import XGBConfig
 
     from .cost_model import TimedCostModel
@@ -80,8 +80,8 @@ def make_cost_model(kind: str, model_path=None, seed: int = 0, finetune_transiti
     if kind == "random":
         return TimedCostModel(ms.cost_model.RandomModel(seed=seed))
     if kind == "cwm":
+        from ..model.world_model import WorldModel
         from .cost_model import WorldModelCostModel
-        from .world_model import WorldModel
 
         return TimedCostModel(WorldModelCostModel(WorldModel.load(model_path), seed=seed,
                                                   finetune_transition=finetune_transition))
@@ -101,7 +101,7 @@ def _callbacks(result: TuneResult, tasks, bar, failure_path: Path):
     @derived_object
     class Progress(ms.measure_callback.PyMeasureCallback):
         def apply(self, task_scheduler, task_index, measure_candidates, builder_results, runner_results):
-            from .actions import trace_to_json
+            from ..schedule.actions import trace_to_json
 
             tid = id_of_index[task_index]
             log_failures(failure_path, tid, measure_candidates, builder_results, runner_results)
@@ -163,9 +163,10 @@ def tune(
     import tvm.s_tir.meta_schedule as ms
     from tqdm import tqdm
 
-    from .collect import existing_counts, measured_trace_keys, tune_context
-    from .hardware import make_target
-    from .workloads import Task, resolve_task
+    from ..hardware import make_target
+    from ..workloads import Task, resolve_task
+    from .collect import existing_counts, measured_trace_keys
+    from .context import tune_context
 
     if not isinstance(tasks, (list, tuple)):
         tasks = [tasks]
@@ -188,7 +189,7 @@ def tune(
     model = make_cost_model(cost_model, model_path, seed, finetune_transition)
     work_dir = Path(work_dir)
     db = open_database(work_dir)
-    from .dataset import write_task_index
+    from ..data.database import write_task_index
 
     write_task_index(work_dir, tasks)
     done = sum(existing_counts(work_dir).get(t.id, 0) for t in tasks)
@@ -253,8 +254,8 @@ def add_invocation_time(path: Path, seconds: float, cost_model_seconds: float = 
 def warm_start(model, work_dir, tasks, target) -> int:
     """Feed a cost model the valid records already in ``work_dir``, so that a resumed search
     continues with what the stopped one had learned; returns how many it learned."""
+    from ..data.dataset import load_dataset
     from .cost_model import learn_trajectories
-    from .dataset import load_dataset
 
     by_task = load_dataset(work_dir).valid().by_task
     learned = 0
@@ -274,7 +275,7 @@ def tune_layout_tasks(tasks, *, work_dir, target=None, rpc=None, seed: int = 0,
     Untuned, MetaSchedule leaves them as serial scalar loops: in BERT they were a fifth of the
     network's time. None when there are no layout tasks.
     """
-    from .workloads.networks import LAYOUT_TRIALS_PER_TASK, tunable
+    from ..workloads.networks import LAYOUT_TRIALS_PER_TASK, tunable
 
     layout = [t for t in tasks if not tunable(t)]
     if not layout:
@@ -289,13 +290,13 @@ def tune_layout_tasks(tasks, *, work_dir, target=None, rpc=None, seed: int = 0,
 
 def _fill_best_from_database(result: TuneResult, work_dir: Path) -> None:
     """Best records of earlier (resumed) runs count too."""
-    from .dataset import load_dataset
+    from ..data.dataset import load_dataset
 
     ds = load_dataset(work_dir)
     for t in result.tasks:
         for traj in ds.by_task.get(t.id, []):
             if traj.valid and (t.id not in result.best or traj.latency < result.best[t.id]["latency"]):
-                from .actions import trace_json_from_actions
+                from ..schedule.actions import trace_json_from_actions
 
                 result.best[t.id] = {"latency": traj.latency, "trace": trace_json_from_actions(traj.actions),
                                      "trial": None}
@@ -307,9 +308,8 @@ def _fill_best_from_database(result: TuneResult, work_dir: Path) -> None:
 
 def schedule_text(task, trace_json) -> str:
     """The best schedule as the Python of its trace."""
-    from tvm import s_tir
 
-    from .actions import actions_from_trace_json, replay
+    from ..schedule.actions import actions_from_trace_json, replay
 
     sch = replay(task.mod, actions_from_trace_json(trace_json))
     return "\n".join(str(line) for line in sch.trace.as_python())
@@ -321,7 +321,7 @@ def write_report(result: TuneResult, work_dir: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .reports import save_figure
+    from ..io import save_figure
 
     atomic_write_text(work_dir / "report.json", json.dumps(result.as_json(), indent=1) + "\n")
     points = [(i + 1, v) for i, v in enumerate(result.curve) if v is not None]
@@ -344,7 +344,7 @@ def measure_median(task, trace_json, target=None, runs: int = 30, min_ms: int = 
     import numpy as np
     import tvm
 
-    from .hardware import make_target
+    from ..hardware import make_target
     from .measure import compile_schedule
 
     target = target or make_target()

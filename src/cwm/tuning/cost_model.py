@@ -11,7 +11,7 @@ import numpy as np
 import tvm.s_tir.meta_schedule as ms
 from tvm.ir.utils import derived_object
 
-from .errors import CwmError
+from ..errors import CwmError
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
         self._rows: dict[tuple[str, bytes], np.ndarray] = {}
 
     def _task(self, context) -> tuple[str, str]:
-        from .workloads.task import task_id_of
+        from ..workloads.task import task_id_of
 
         key = id(context.mod)
         if key not in self._initial:
@@ -117,7 +117,7 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
 
     def _hardware(self, context) -> dict | None:
         if self.hardware is None and context.target is not None:
-            from .hardware import hardware_for_target, machine_difference
+            from ..hardware import hardware_for_target, machine_difference
 
             self.hardware = hardware_for_target(context.target).as_json()
             difference = machine_difference(self.model.config.hardware, self.hardware)
@@ -133,7 +133,11 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
         """Feature rows of the candidates; rows of traces seen before come from the cache."""
         import hashlib
 
-        from .actions import model_actions, trace_json_from_text, trace_json_text
+        from ..schedule.actions import (
+            model_actions,
+            trace_json_from_text,
+            trace_json_text,
+        )
 
         with gc_paused():  # every candidate decoded here: see gc_paused
             tid, text = self._task(context)
@@ -179,7 +183,12 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
 
     def _add_targets(self, context, tid: str, candidates) -> None:
         """Actions and encoded true intermediate states of newly measured candidates."""
-        from .actions import changes_ir, model_actions, replay_states, trace_to_json
+        from ..schedule.actions import (
+            changes_ir,
+            model_actions,
+            replay_states,
+            trace_to_json,
+        )
 
         store = self.measured[tid]
         for cand in candidates:
@@ -214,7 +223,7 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
         self._use_transition(tid, transition, text, self._hardware(context))
 
     def _task_model(self, transition):
-        from .world_model import WorldModel
+        from ..model.world_model import WorldModel
 
         task_model = WorldModel(self.model.encoder, transition, self.model.ranker, self.model.config)
         task_model._z0_cache = self.model._z0_cache  # E(s0) does not depend on F
@@ -293,7 +302,7 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
 
 def measure_candidates(mod, actions_list) -> list:
     """MetaSchedule MeasureCandidates of recorded action sequences on ``mod``."""
-    from .actions import replay
+    from ..schedule.actions import replay
 
     args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
     return [ms.MeasureCandidate(replay(mod, actions), args_info) for actions in actions_list]

@@ -14,9 +14,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .database import FAILURE_FILE, load_raw, open_database
-from .dataset import write_task_index
-from .errors import CwmError
+from ..data.database import FAILURE_FILE, load_raw, open_database, write_task_index
+from ..errors import CwmError
+from ..schedule.actions import trace_key
+from .context import tune_context
 from .measure import EvaluatorSettings, error_kind, make_builder, make_runner
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ class CollectReport:
 
 def existing_counts(db_dir: Path) -> dict[str, int]:
     """Records already in the database per task id (valid and failed)."""
-    from .database import task_ids
+    from ..data.database import task_ids
 
     raw = load_raw(db_dir, missing_ok=True)
     ids = task_ids(raw)
@@ -70,7 +71,7 @@ def collected_task_ids(db_dirs) -> set[str]:
 
 def log_failures(failure_path: Path, task_id: str, measure_candidates, builder_results, runner_results) -> int:
     """Append a line (task, error kind, last lines of the message, trace) per failed candidate."""
-    from .actions import trace_to_json
+    from ..schedule.actions import trace_to_json
 
     lines = []
     for cand, b, r in zip(measure_candidates, builder_results, runner_results):
@@ -92,7 +93,7 @@ def log_failures(failure_path: Path, task_id: str, measure_candidates, builder_r
 
 def measured_trace_keys(db_dir: Path) -> dict[str, set[str]]:
     """Task id -> keys (see ``trace_key``) of the records already in a database directory."""
-    from .database import task_ids
+    from ..data.database import task_ids
 
     raw = load_raw(db_dir, missing_ok=True)
     ids = task_ids(raw)
@@ -100,64 +101,6 @@ def measured_trace_keys(db_dir: Path) -> dict[str, set[str]]:
     for rec in raw.records:
         keys.setdefault(ids[rec.workload_index], set()).add(trace_key(rec.trace_json))
     return keys
-
-
-def trace_key(trace_json) -> str:
-    return json.dumps(trace_json, sort_keys=True, separators=(",", ":"))
-
-
-def _dedup_search(inner, seen: set[str], max_rounds: int = 8):
-    """Wrap a search strategy so that it never proposes a candidate whose trace is in ``seen``.
-
-    MetaSchedule's searches do not look at the database for what was measured already (see the
-    TODO on ``measured_workloads_`` in evolutionary_search.cc), so a resumed run with the same seed
-    re-measures the first run's candidates. Dropped candidates are not reported back: the inner
-    search counts trials by the results it is notified of, and it has marked them as picked.
-    """
-    import tvm.s_tir.meta_schedule as ms
-    from tvm.ir.utils import derived_object
-
-    from .actions import trace_to_json
-
-    @derived_object
-    class DedupSearch(ms.search_strategy.PySearchStrategy):
-        def __init__(self, inner, seen):
-            self.inner, self.seen, self.dropped = inner, seen, 0
-
-        def _initialize_with_tune_context(self, context):
-            self.inner._initialize_with_tune_context(context)
-
-        def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None):
-            self.inner.pre_tuning(max_trials, num_trials_per_iter, design_spaces, database, cost_model)
-
-        def post_tuning(self):
-            self.inner.post_tuning()
-
-        def generate_measure_candidates(self):
-            for _ in range(max_rounds):
-                candidates = self.inner.generate_measure_candidates()
-                if candidates is None:
-                    return None
-                fresh = []
-                for cand in candidates:
-                    key = trace_key(trace_to_json(cand.sch.trace))
-                    if key in self.seen:
-                        self.dropped += 1
-                    else:
-                        self.seen.add(key)
-                        fresh.append(cand)
-                if fresh:
-                    return fresh
-            log.info("%d batches in a row held only measured candidates; the search stops", max_rounds)
-            return None
-
-        def notify_runner_results(self, measure_candidates, results):
-            self.inner.notify_runner_results(measure_candidates, results)
-
-        def clone(self):
-            return DedupSearch(self.inner.clone(), set(self.seen))
-
-    return DedupSearch(inner, seen)
 
 
 def _measure_callbacks(db_dir: Path, task_id: str, report: CollectReport, on_batch):
@@ -187,27 +130,6 @@ def _measure_callbacks(db_dir: Path, task_id: str, report: CollectReport, on_bat
         ms.measure_callback.UpdateCostModel(),
         RecordFailures(),
     ]
-
-
-def tune_context(task, target, strategy: str, seed: int, num_threads: int | None = None,
-                 measured: set[str] | None = None):
-    """A TuneContext; with ``measured`` (trace keys), the search skips candidates measured before."""
-    import tvm.s_tir.meta_schedule as ms
-
-    from .hardware import physical_cores
-
-    search = strategy
-    if measured is not None:
-        search = _dedup_search(ms.search_strategy.SearchStrategy.create(strategy), measured)
-    return ms.TuneContext(
-        mod=task.mod,
-        target=target,
-        space_generator="post-order-apply",
-        search_strategy=search,
-        task_name=task.name,
-        rand_state=seed,
-        num_threads=num_threads or physical_cores(),
-    )
 
 
 MAX_PHASE_ROUNDS = 8
@@ -257,7 +179,7 @@ def collect(
     """
     from tqdm import tqdm
 
-    from .hardware import hardware_for_target, make_target
+    from ..hardware import hardware_for_target, make_target
 
     if n_random < 0 or n_evolutionary < 0 or n_random + n_evolutionary == 0:
         raise CwmError("collect needs a positive number of candidates per task")
@@ -340,7 +262,7 @@ def _merge_shards(db_dir: Path) -> int:
     """Fold every shard database into ``db_dir`` (failures too), then remove the shards."""
     import shutil
 
-    from .database import merge_database
+    from ..data.database import merge_database
 
     added = 0
     root = db_dir / SHARD_DIR
@@ -357,9 +279,8 @@ def _merge_shards(db_dir: Path) -> int:
 
 def _collect_shard(tasks, shard_dir: str, base_dir: str, kwargs: dict) -> dict:
     """One worker process of a parallel collection."""
-    from .workloads import resolve_task
-
-    from .hardware import make_target
+    from ..hardware import make_target
+    from ..workloads import resolve_task
 
     target = kwargs.pop("target")
 
@@ -376,7 +297,7 @@ def _collect_parallel(tasks, db_dir: Path, *, jobs: int, n_random, n_evolutionar
 
     from tqdm import tqdm
 
-    from .hardware import hardware_for_target
+    from ..hardware import hardware_for_target
 
     open_database(db_dir)
     _write_manifest(db_dir, target, hardware_for_target(target))
@@ -420,7 +341,7 @@ def _write_manifest(db_dir: Path, target, hw) -> None:
     """Record where the measurements were taken; refuse to mix machines in one database."""
     import tvm
 
-    from .database import atomic_write_text
+    from ..io import atomic_write_text
 
     path = db_dir / "manifest.json"
     info = {

@@ -30,15 +30,15 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from . import distributed
-from .action_features import (
+from ..errors import CwmError
+from ..features.action_features import (
     ARG_NAMES,
     KNOWN_KINDS,
     NUM_ARGS,
     encode_actions,
     encode_actions_batch,
 )
-from .errors import CwmError
+from ..model import distributed
 
 log = logging.getLogger(__name__)
 
@@ -713,7 +713,7 @@ class Transition:
     def load(cls, directory: str | Path) -> "Transition":
         from safetensors.torch import load_file
 
-        from .persist import read_config
+        from ..io import read_config
 
         directory = Path(directory)
         cfg_path = directory / CONFIG_FILE

@@ -12,11 +12,12 @@ import json
 import logging
 import math
 import os
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import CwmError
+from ..errors import CwmError
+from ..io import atomic_write_text, ensure_directory, remove_stale_temp_files
+from ..schedule.tir import block_names, workload_module
 
 log = logging.getLogger(__name__)
 
@@ -130,127 +131,6 @@ def load_raw(db_dir: str | os.PathLike, *, missing_ok: bool = False) -> RawDatab
     return db
 
 
-TEMP_MARK = ".tmp"  # temporary files and directories are named ``.<name>.tmp<pid>``
-
-
-def _temp_path(path: Path, kind: str = TEMP_MARK) -> Path:
-    return path.with_name(f".{path.name}{kind}{os.getpid()}")
-
-
-@contextmanager
-def atomic_file(path: str | os.PathLike):
-    """Yield a temporary sibling of ``path`` to write; it replaces ``path`` when the block ends and
-    is deleted if the block fails: readers see the old or the new file, never a part."""
-    path = Path(path)
-    if path.is_dir():
-        raise CwmError(f"cannot write {path}: it is a directory")
-    tmp = _temp_path(path)
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``path`` through a temporary file and a rename: readers see the old or the new file."""
-    try:
-        with atomic_file(path) as tmp, open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as err:
-        raise CwmError(f"cannot write {path}: {err.strerror or err}") from None
-
-
-def ensure_directory(path: str | os.PathLike, what: str = "directory") -> Path:
-    """Create ``path`` (and parents) or fail with a clear error if it is a file or not writable."""
-    path = Path(path)
-    try:
-        if path.exists() and not path.is_dir():
-            raise CwmError(f"{what} {path} is a file, not a directory")
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as err:  # e.g. a parent that cannot be read or written
-        raise CwmError(f"cannot create {what} {path}: {err.strerror or err}") from None
-    return path
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _stale(entry: Path, kind: str) -> bool:
-    """``entry`` is a temporary ``.<name><kind><pid>`` of a process that no longer runs."""
-    name = entry.name
-    if not name.startswith(".") or kind not in name:
-        return False
-    pid = name.rsplit(kind, 1)[1]
-    return pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid))
-
-
-def remove_stale_temp_files(directory: str | os.PathLike) -> int:
-    """Delete temporary files left in ``directory`` by killed processes; returns how many."""
-    import shutil
-
-    removed = 0
-    directory = Path(directory)
-    if not directory.is_dir():
-        return 0
-    for entry in directory.iterdir():
-        if _stale(entry, TEMP_MARK):
-            if entry.is_dir():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
-            removed += 1
-    return removed
-
-
-@contextmanager
-def atomic_directory(path: str | os.PathLike):
-    """Build a directory in a temporary sibling, then swap it in: ``path`` is always absent, the
-    complete old directory or the complete new one, even if the process is killed meanwhile.
-
-    Yields the temporary directory to write into. A half-written temporary directory or a
-    displaced old one left behind by a killed process is deleted the next time.
-    """
-    import shutil
-
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise CwmError(f"{path} is a file, not a directory")
-    ensure_directory(path.parent)
-    for entry in path.parent.iterdir():
-        if entry.name.startswith(f".{path.name}.") and (_stale(entry, TEMP_MARK) or _stale(entry, ".old")):
-            shutil.rmtree(entry, ignore_errors=True)
-    tmp = _temp_path(path)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = _temp_path(path, ".old")
-    try:
-        if path.exists():
-            os.replace(path, old)
-        os.replace(tmp, path)
-    except OSError as err:
-        raise CwmError(f"cannot replace {path}: {err.strerror or err}") from None
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def repair(db_dir: str | os.PathLike) -> int:
     """Drop corrupt lines (e.g. a torn last line after a kill) so MetaSchedule can load the files.
 
@@ -293,37 +173,9 @@ def open_database(db_dir: str | os.PathLike, *, create: bool = True):
     return ms.database.JSONDatabase(work_dir=str(db_dir), allow_missing=create)
 
 
-def workload_module(entry: list):
-    """The IRModule of one workload line."""
-    import tvm.s_tir.meta_schedule as ms
-
-    return ms.database.Workload.from_json(entry).mod
-
-
-def block_names(mod) -> tuple[str, ...]:
-    """Names of the schedulable blocks of a workload, in program order.
-
-    Structural equality ignores them, but traces address blocks by name: two workloads that are
-    structurally equal with other block names (the same subgraph in two networks) cannot share
-    records.
-    """
-    from tvm.s_tir import Schedule
-
-    sch = Schedule(mod)
-    found = []
-
-    def walk(block) -> None:
-        for child in sch.get_child_blocks(block):
-            found.append(sch.get(child).name_hint)
-            walk(child)
-
-    walk(sch.get_sblock("root", func_name="main"))
-    return tuple(found)
-
-
 def task_ids(db: RawDatabase) -> list[str | None]:
     """Task id (see cwm.workloads.task_id_of) of every workload line."""
-    from .workloads.task import task_id_of
+    from ..workloads.task import task_id_of
 
     return [None if w is None else task_id_of(workload_module(w)) for w in db.workloads]
 
@@ -335,7 +187,7 @@ def merge_database(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> in
     MetaSchedule's structural hash string and their block names; new ones are appended, and so are
     their entries in the task index. Returns the records added.
     """
-    from .collect import trace_key
+    from ..schedule.actions import trace_key
 
     src_dir, dst_dir = Path(src_dir), Path(dst_dir)
     src = load_raw(src_dir, missing_ok=True)
@@ -396,9 +248,46 @@ def merge_database(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> in
 
 def _merge_task_index(src_dir: Path, dst_dir: Path) -> None:
     """Keep the readable names, kinds and weights of the merged tasks (see write_task_index)."""
-    from .dataset import TASK_INDEX_FILE, read_task_index
+    from .database import TASK_INDEX_FILE, read_task_index
 
     index = read_task_index(dst_dir)
     new = {k: v for k, v in read_task_index(src_dir).items() if k not in index}
     if new:
         atomic_write_text(dst_dir / TASK_INDEX_FILE, json.dumps(index | new, indent=1, sort_keys=True) + "\n")
+
+TASK_INDEX_FILE = "tasks.json"
+
+
+def write_task_index(db_dir: str | os.PathLike, tasks) -> None:
+    """Remember readable names, kinds and weights of the tasks in a database directory."""
+    path = Path(db_dir) / TASK_INDEX_FILE
+    index = read_task_index(db_dir)
+    for t in tasks:
+        index[t.id] = TaskInfo(t.id, t.name, t.kind, t.network, t.weight, t.flops).__dict__
+    atomic_write_text(path, json.dumps(index, indent=1, sort_keys=True) + "\n")
+
+
+def read_task_index(db_dir: str | os.PathLike) -> dict:
+    path = Path(db_dir) / TASK_INDEX_FILE
+    if not path.exists():
+        return {}
+    try:
+        index = json.loads(path.read_text())
+    except (OSError, ValueError) as err:  # ValueError: bad JSON or not UTF-8
+        raise CwmError(f"{path} is corrupt: {err}") from None
+    if not isinstance(index, dict):
+        raise CwmError(f"{path} is corrupt: expected a JSON object of tasks")
+    return index
+
+
+@dataclass
+class TaskInfo:
+    id: str
+    name: str
+    kind: str
+    network: str | None = None
+    weight: float = 1.0
+    flops: float = 0.0
+
+
+MANIFEST_FILE = "manifest.json"

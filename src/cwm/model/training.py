@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import distributed
-from .errors import CwmError
+from ..errors import CwmError
+from ..model import distributed
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ def _train(db_dir, split: dict, out_dir, settings: TrainSettings | None, *, prog
 
     import torch
 
-    from .dataset import load_dataset
+    from ..data.dataset import load_dataset
     from .encoder import EncoderConfig, StateEncoder
     from .metrics import evaluate_ranking
     from .ranker import LambdaRanker

@@ -4,25 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .database import atomic_file
-from .errors import CwmError
-
-
-def save_figure(fig, path: str | Path, dpi: int = 90) -> None:
-    """Save a matplotlib figure atomically (temporary file, then rename); close it either way."""
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    fmt = path.suffix[1:].lower() or "png"
-    try:
-        with atomic_file(path) as tmp:
-            fig.savefig(tmp, dpi=dpi, format=fmt)
-    except OSError as err:
-        raise CwmError(f"cannot write {path}: {err.strerror or err}") from None
-    except ValueError as err:  # an unknown format
-        raise CwmError(f"cannot write {path}: {str(err).splitlines()[0]}") from None
-    finally:
-        plt.close(fig)
+from ..io import save_figure
 
 
 def format_dataset_stats(stats: dict) -> str:

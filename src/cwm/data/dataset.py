@@ -19,24 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .actions import changes_ir, model_actions, replay
-from .database import FAILURE_FILE, atomic_file, atomic_write_text, block_names, load_raw, workload_module
-from .errors import CwmError
+from ..errors import CwmError
+from ..io import atomic_file, atomic_write_text
+from ..schedule.actions import changes_ir, model_actions, replay
+from ..schedule.tir import block_names, workload_module
+from .database import FAILURE_FILE, MANIFEST_FILE, TaskInfo, load_raw, read_task_index
 
 log = logging.getLogger(__name__)
-
-TASK_INDEX_FILE = "tasks.json"
-MANIFEST_FILE = "manifest.json"
-
-
-@dataclass
-class TaskInfo:
-    id: str
-    name: str
-    kind: str
-    network: str | None = None
-    weight: float = 1.0
-    flops: float = 0.0
 
 
 @dataclass
@@ -233,31 +222,9 @@ def _failure_index(db_dir: Path) -> dict[str, str]:
     return out
 
 
-def write_task_index(db_dir: str | os.PathLike, tasks) -> None:
-    """Remember readable names, kinds and weights of the tasks in a database directory."""
-    path = Path(db_dir) / TASK_INDEX_FILE
-    index = read_task_index(db_dir)
-    for t in tasks:
-        index[t.id] = TaskInfo(t.id, t.name, t.kind, t.network, t.weight, t.flops).__dict__
-    atomic_write_text(path, json.dumps(index, indent=1, sort_keys=True) + "\n")
-
-
-def read_task_index(db_dir: str | os.PathLike) -> dict:
-    path = Path(db_dir) / TASK_INDEX_FILE
-    if not path.exists():
-        return {}
-    try:
-        index = json.loads(path.read_text())
-    except (OSError, ValueError) as err:  # ValueError: bad JSON or not UTF-8
-        raise CwmError(f"{path} is corrupt: {err}") from None
-    if not isinstance(index, dict):
-        raise CwmError(f"{path} is corrupt: expected a JSON object of tasks")
-    return index
-
-
 def load_dataset(db_dir: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None) -> TrajectoryDataset:
     """Trajectories of every record in a MetaSchedule JSON database directory."""
-    from .workloads.task import kind_of, task_id_of
+    from ..workloads.task import kind_of, task_id_of
 
     db_dir = Path(db_dir)
     raw = load_raw(db_dir)
@@ -271,7 +238,7 @@ def load_dataset(db_dir: str | os.PathLike, *, cache_dir: str | os.PathLike | No
         except (OSError, ValueError, AttributeError):
             log.warning("%s is corrupt; hardware features unknown", manifest_path)
     if not hardware:
-        from .hardware import host_cpu
+        from ..hardware import host_cpu
 
         hardware = host_cpu().as_json()
     tasks, states, modules, ids = {}, {}, {}, []
@@ -308,127 +275,3 @@ def load_dataset(db_dir: str | os.PathLike, *, cache_dir: str | os.PathLike | No
         )
     return TrajectoryDataset(tasks, states, modules, trajectories, hardware, raw.skipped_lines,
                              StateCache(cache_dir))
-
-
-# Held-out kinds/shapes for the test split: a kind never seen in training (pooling) and
-# shapes that differ from training ones only syntactically (N=1023 vs 1024).
-_FORCED_TEST = ("max_pool2d:", "avg_pool2d:", "matmul:M=1024,N=1023,K=1024", "depthwise_conv2d:N=1,C=96,")
-
-
-def make_split(tasks: dict[str, TaskInfo], seed: int = 0, fractions=(0.70, 0.15, 0.15)) -> dict[str, list[str]]:
-    """Split task ids into train/val/test, by task, never by record.
-
-    Forced test tasks hold out an operator kind and unseen shapes; the rest is assigned by a
-    seeded shuffle stratified by operator kind so every split sees most kinds.
-    """
-    rng = np.random.default_rng(seed)
-    forced = sorted(t for t, info in tasks.items() if info.name.startswith(_FORCED_TEST))
-    rest = sorted(set(tasks) - set(forced), key=lambda t: (tasks[t].kind, tasks[t].name))
-    n = len(tasks)
-    n_test = max(len(forced), round(fractions[2] * n))
-    n_val = max(1, round(fractions[1] * n)) if n >= 3 else 0
-    by_kind: dict[str, list[str]] = {}
-    for t in rest:
-        by_kind.setdefault(tasks[t].kind, []).append(t)
-    # Round-robin over kinds so val/test draw from different kinds.
-    order = []
-    pools = [list(rng.permutation(v)) for _, v in sorted(by_kind.items())]
-    while any(pools):
-        for pool in pools:
-            if pool:
-                order.append(str(pool.pop()))
-    test = forced + order[: max(0, n_test - len(forced))]
-    order = order[max(0, n_test - len(forced)):]
-    val, train = order[:n_val], order[n_val:]
-    return {"train": sorted(train), "val": sorted(val), "test": sorted(test)}
-
-
-def load_split(path: str | os.PathLike) -> dict[str, list[str]]:
-    path = Path(path)
-    if not path.exists():
-        raise CwmError(f"split file {path} does not exist")
-    try:
-        split = json.loads(path.read_text())
-    except OSError as err:
-        raise CwmError(f"cannot read split file {path}: {err.strerror or err}") from None
-    except UnicodeDecodeError:
-        raise CwmError(f"split file {path} is not a text file (see `cwm dataset split`)") from None
-    except ValueError as err:
-        raise CwmError(f"split file {path} is not valid JSON: {err}") from None
-    if not isinstance(split, dict):
-        raise CwmError(f"split file {path} must hold a JSON object with train/val/test lists")
-    for key in ("train", "val", "test"):
-        if key not in split:
-            raise CwmError(f"split file {path} has no {key!r} list")
-        if not isinstance(split[key], list) or not all(isinstance(t, str) for t in split[key]):
-            raise CwmError(f"split file {path}: {key!r} must be a list of task ids")
-    return split
-
-
-REFERENCE_DIR = Path(__file__).resolve().parents[2] / "data" / "reference"
-REFERENCE_ARCHIVE = "reference_db.tar.gz"
-
-
-def pack_database(db_dir: str | os.PathLike, out_dir: str | os.PathLike, split: dict | None = None) -> dict:
-    """Compress a database directory into ``out_dir/reference_db.tar.gz`` with a manifest."""
-    import tarfile
-    import time
-
-    import tvm
-
-    from .database import ensure_directory
-
-    db_dir, out_dir = Path(db_dir), Path(out_dir)
-    ds = load_dataset(db_dir)
-    ensure_directory(out_dir, "output directory")
-    stats = ds.stats()
-    with atomic_file(out_dir / REFERENCE_ARCHIVE) as tmp, tarfile.open(tmp, "w:gz") as tar:
-        for name in ("database_workload.json", "database_tuning_record.json", TASK_INDEX_FILE, MANIFEST_FILE,
-                     FAILURE_FILE):
-            if (db_dir / name).exists():
-                tar.add(db_dir / name, arcname=f"db/{name}")
-    manifest = json.loads((db_dir / MANIFEST_FILE).read_text()) if (db_dir / MANIFEST_FILE).exists() else {}
-    valid_per_task = [row["valid"] for row in stats["per_task"].values()]
-    summary = {
-        "archive": REFERENCE_ARCHIVE,
-        "machine": manifest.get("hardware", {}),
-        "cpu": manifest.get("hardware", {}).get("model"),
-        "target": manifest.get("target"),
-        "tvm_version": tvm.__version__,
-        "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "tasks": stats["tasks"],
-        "records": stats["records"],
-        "valid": stats["valid"],
-        "failed": stats["failed"],
-        "tasks_with_200_valid": sum(v >= 200 for v in valid_per_task),
-        "min_valid_per_task": min(valid_per_task) if valid_per_task else 0,
-        "split": {k: len(v) for k, v in (split or {}).items() if k != "names"},
-        "per_task": {row["name"]: {"valid": row["valid"], "failed": row["failed"], "best_ms": row["best_ms"]}
-                     for row in stats["per_task"].values()},
-    }
-    atomic_write_text(out_dir / "MANIFEST.json", json.dumps(summary, indent=1) + "\n")
-    return summary
-
-
-def resolve_db(path: str | os.PathLike) -> Path:
-    """A database directory; ``reference`` means the committed reference dataset (unpacked once)."""
-    import tarfile
-
-    if str(path) != "reference":
-        return Path(path)
-    archive = REFERENCE_DIR / REFERENCE_ARCHIVE
-    if not archive.exists():
-        raise CwmError(f"the reference dataset {archive} is missing from this checkout")
-    digest = hashlib.sha1(archive.read_bytes()).hexdigest()[:12]
-    target = Path(os.environ.get("CWM_CACHE", Path.home() / ".cache" / "cwm")) / f"reference-{digest}"
-    if not (target / "db" / "database_workload.json").exists():
-        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-        with tarfile.open(archive) as tar:
-            tar.extractall(tmp, filter="data")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.exists():
-            import shutil
-
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    return target / "db"

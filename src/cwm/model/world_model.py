@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import CwmError
+from ..errors import CwmError
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +30,9 @@ LATENTS = ("rollout", "final", "initial", "none")
 
 
 def feature_names(latent_dim: int, latent: str) -> list[str]:
-    from .action_features import STRUCT_NAMES
-    from .hardware import HARDWARE_FEATURE_NAMES
-    from .schedule_features import SCHEDULE_FEATURE_NAMES
+    from ..features.action_features import STRUCT_NAMES
+    from ..features.loop_nest import SCHEDULE_FEATURE_NAMES
+    from ..hardware import HARDWARE_FEATURE_NAMES
 
     z = [] if latent == "none" else [f"z{i}" for i in range(latent_dim)]
     return (z + [f"act:{n}" for n in STRUCT_NAMES] + [f"sched:{n}" for n in SCHEDULE_FEATURE_NAMES]
@@ -57,7 +57,7 @@ def default_model_dir(hardware: dict | None = None) -> Path:
     """
     models = shipped_models()
     if hardware is None:
-        from .hardware import host_cpu
+        from ..hardware import host_cpu
 
         hardware = host_cpu().as_json()
     trained = {name: json.loads((path / CONFIG_FILE).read_text()).get("hardware") or {}
@@ -123,7 +123,7 @@ class WorldModel:
         return self._z0_cache[key]
 
     def hardware_vector(self, hardware: dict | None) -> np.ndarray:
-        from .hardware import HARDWARE_FEATURE_NAMES
+        from ..hardware import HARDWARE_FEATURE_NAMES
 
         hw = dict(hardware or self.config.hardware)
         hw.setdefault("is_gpu", 1 if hw.get("kind") == "cuda" else 0)
@@ -132,8 +132,8 @@ class WorldModel:
     def features(self, initial_text: str, actions_list: list[list[dict]], hardware: dict | None = None,
                  final_latents: np.ndarray | None = None) -> np.ndarray:
         """Ranker features of candidates that share one initial state."""
-        from .action_features import structured_features_batch
-        from .schedule_features import schedule_features
+        from ..features.action_features import structured_features_batch
+        from ..features.loop_nest import schedule_features
 
         n = len(actions_list)
         parts = []
@@ -166,7 +166,7 @@ class WorldModel:
         """Write the model directory atomically: a reader (or a run killed meanwhile) sees no
         directory, the complete old one or the complete new one. ``extra_files`` (name -> text)
         are written into it too (e.g. the training report)."""
-        from .database import atomic_directory
+        from ..io import atomic_directory
 
         final = Path(directory)
         check_output_dir(final)
@@ -177,7 +177,7 @@ class WorldModel:
         return final
 
     def _save_into(self, directory: Path) -> None:
-        from .database import atomic_write_text
+        from ..io import atomic_write_text
 
         self.encoder.save(directory / "encoder")
         if self.transition is not None:

@@ -1,0 +1,81 @@
+"""The committed reference dataset: packing a database and resolving `--db reference`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from ..errors import CwmError
+from ..io import atomic_file, atomic_write_text
+from .database import FAILURE_FILE, MANIFEST_FILE, TASK_INDEX_FILE
+from .dataset import load_dataset
+
+REFERENCE_DIR = Path(__file__).resolve().parents[2] / "data" / "reference"
+REFERENCE_ARCHIVE = "reference_db.tar.gz"
+
+
+def pack_database(db_dir: str | os.PathLike, out_dir: str | os.PathLike, split: dict | None = None) -> dict:
+    """Compress a database directory into ``out_dir/reference_db.tar.gz`` with a manifest."""
+    import tarfile
+    import time
+
+    import tvm
+
+    from ..io import ensure_directory
+
+    db_dir, out_dir = Path(db_dir), Path(out_dir)
+    ds = load_dataset(db_dir)
+    ensure_directory(out_dir, "output directory")
+    stats = ds.stats()
+    with atomic_file(out_dir / REFERENCE_ARCHIVE) as tmp, tarfile.open(tmp, "w:gz") as tar:
+        for name in ("database_workload.json", "database_tuning_record.json", TASK_INDEX_FILE, MANIFEST_FILE,
+                     FAILURE_FILE):
+            if (db_dir / name).exists():
+                tar.add(db_dir / name, arcname=f"db/{name}")
+    manifest = json.loads((db_dir / MANIFEST_FILE).read_text()) if (db_dir / MANIFEST_FILE).exists() else {}
+    valid_per_task = [row["valid"] for row in stats["per_task"].values()]
+    summary = {
+        "archive": REFERENCE_ARCHIVE,
+        "machine": manifest.get("hardware", {}),
+        "cpu": manifest.get("hardware", {}).get("model"),
+        "target": manifest.get("target"),
+        "tvm_version": tvm.__version__,
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "tasks": stats["tasks"],
+        "records": stats["records"],
+        "valid": stats["valid"],
+        "failed": stats["failed"],
+        "tasks_with_200_valid": sum(v >= 200 for v in valid_per_task),
+        "min_valid_per_task": min(valid_per_task) if valid_per_task else 0,
+        "split": {k: len(v) for k, v in (split or {}).items() if k != "names"},
+        "per_task": {row["name"]: {"valid": row["valid"], "failed": row["failed"], "best_ms": row["best_ms"]}
+                     for row in stats["per_task"].values()},
+    }
+    atomic_write_text(out_dir / "MANIFEST.json", json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def resolve_db(path: str | os.PathLike) -> Path:
+    """A database directory; ``reference`` means the committed reference dataset (unpacked once)."""
+    import tarfile
+
+    if str(path) != "reference":
+        return Path(path)
+    archive = REFERENCE_DIR / REFERENCE_ARCHIVE
+    if not archive.exists():
+        raise CwmError(f"the reference dataset {archive} is missing from this checkout")
+    digest = hashlib.sha1(archive.read_bytes()).hexdigest()[:12]
+    target = Path(os.environ.get("CWM_CACHE", Path.home() / ".cache" / "cwm")) / f"reference-{digest}"
+    if not (target / "db" / "database_workload.json").exists():
+        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists():
+            import shutil
+
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    return target / "db"

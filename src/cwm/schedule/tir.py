@@ -1,0 +1,31 @@
+"""TensorIR helpers: the workload module of a database line and a module's block names."""
+
+from __future__ import annotations
+
+
+def workload_module(entry: list):
+    """The IRModule of one workload line."""
+    import tvm.s_tir.meta_schedule as ms
+
+    return ms.database.Workload.from_json(entry).mod
+
+
+def block_names(mod) -> tuple[str, ...]:
+    """Names of the schedulable blocks of a workload, in program order.
+
+    Structural equality ignores them, but traces address blocks by name: two workloads that are
+    structurally equal with other block names (the same subgraph in two networks) cannot share
+    records.
+    """
+    from tvm.s_tir import Schedule
+
+    sch = Schedule(mod)
+    found = []
+
+    def walk(block) -> None:
+        for child in sch.get_child_blocks(block):
+            found.append(sch.get(child).name_hint)
+            walk(child)
+
+    walk(sch.get_sblock("root", func_name="main"))
+    return tuple(found)
