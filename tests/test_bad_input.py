@@ -261,8 +261,8 @@ CASES = [
     (["train", "--db", "{empty_db}", "--split", "{split}", "--out", "{nonempty}"], ["holds no world model"]),
     (["train", "--db", "{empty_db}", "--split", "{split}", "--out", "{tmp}/m", "--tiny"], ["no valid records"]),
     # eval
-    (["eval", "--db", "{empty_db}", "--split", "{split}", "--model", "{models[v99]}", "--out", "{tmp}/e"],
-     ["format version 99"]),
+    (["eval", "--db", "{empty_db}", "--split", "{split}", "--records-per-task-cap", "-1", "--out", "{tmp}/e"],
+     ["records_per_task_cap must be 0 (no cap) or positive"]),
     (["eval", "--db", "{empty_db}", "--split", "{png}", "--out", "{tmp}/e"], ["not a text file"]),
     (["eval", "--db", "{empty_db}", "--split", "{split}", "--out", "{png}"], ["output directory", "is a file"]),
     (["eval", "--db", "{randdb}", "--split", "{split}", "--out", "{tmp}/e"], ["parses"]),

@@ -66,7 +66,7 @@ def test_tiny_search_benchmark(tmp_path, tiny_model):
 def test_a_resumed_search_run_counts_the_time_of_every_invocation(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    import cwm.tuning.tuner
+    import cwm.benchmarks.search
     from cwm.benchmarks.search import TUNING_TIME_FILE, _load_or_tune, _run_dir
     from cwm.workloads import get_task
 
@@ -78,7 +78,7 @@ def test_a_resumed_search_run_counts_the_time_of_every_invocation(tmp_path, monk
     def finish(*args, **kwargs):
         return SimpleNamespace(best={}, curve=[1.0], cost_model_seconds=2.0, trials=4)
 
-    monkeypatch.setattr(cwm.tuning.tuner, "tune", crash)
+    monkeypatch.setattr(cwm.benchmarks.search, "tune", crash)
     with pytest.raises(RuntimeError):
         _load_or_tune(task, 4, "xgb", 0, tmp_path, None, None, None, 4, False)
     run_dir = _run_dir(tmp_path, task, 4, "xgb", 0)
@@ -86,7 +86,7 @@ def test_a_resumed_search_run_counts_the_time_of_every_invocation(tmp_path, monk
     assert saved["invocations"] == 1 and saved["cost_model_seconds"] == 0.0
     saved["seconds"] = 100.0  # as if the killed invocation had run for 100 s
     (run_dir / TUNING_TIME_FILE).write_text(json.dumps(saved))
-    monkeypatch.setattr(cwm.tuning.tuner, "tune", finish)
+    monkeypatch.setattr(cwm.benchmarks.search, "tune", finish)
     record = _load_or_tune(task, 4, "xgb", 0, tmp_path, None, None, None, 4, False)
     assert record["invocations"] == 2 and record["wall_seconds"] >= 100.0 and record["cost_model_seconds"] == 2.0
 
@@ -198,3 +198,31 @@ def test_headroom_against_the_pool_best():
     actions = [{"kind": "SamplePerfectTile", "decision": [4, 8]}, {"kind": "Split", "decision": None},
                {"kind": "SampleCategorical", "decision": 2}]
     assert tile_decisions(actions) == ((4, 8),)
+
+
+def test_a_training_split_subgraph_is_marked_and_the_default_set_is_held_out(tmp_path):
+    from cwm.benchmarks.search import DEFAULT_SUBGRAPHS, training_marks
+    from cwm.model.world_model import shipped_models, training_tasks
+    from cwm.workloads import resolve_task
+
+    seen_task = resolve_task("dense_relu:M=128,N=512,K=256")  # in the default model's training split
+    held_out = resolve_task(DEFAULT_SUBGRAPHS[0])
+    split = {"train": [seen_task.id], "val": [], "test": [held_out.id]}
+    marks = training_marks([seen_task, held_out], ["cwm", "xgb", "xgb-pretrained"], shipped_models()["default"],
+                           split)
+    assert marks == {seen_task.name: ["cwm", "xgb-pretrained"]}
+    # a model that does not name its training tasks: every subgraph is marked, as unknown
+    assert training_marks([held_out], ["cwm"], tmp_path, None) == {held_out.name: ["cwm (unknown)"]}
+    assert len(DEFAULT_SUBGRAPHS) >= 12
+    ids = {resolve_task(name).id for name in DEFAULT_SUBGRAPHS}
+    for path in shipped_models().values():
+        assert not ids & training_tasks(path), path
+
+
+def test_the_search_report_names_marked_subgraphs():
+    from cwm.benchmarks.search import _markdown
+
+    summary = {"budget": 8, "latency_source": "re-measured", "per_subgraph": {"a": {}, "b": {}}, "overall": {},
+               "in_training": {"a": ["cwm"]}}
+    text = _markdown(summary)
+    assert "| a (in training: cwm) |" in text and "| b |" in text

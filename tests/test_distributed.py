@@ -67,9 +67,9 @@ def _torchrun(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.Co
 WORKER = textwrap.dedent("""
     import hashlib, json, sys
     import numpy as np
-    from cwm import distributed
-    from cwm.encoder import StateEncoder
-    from cwm.transition import Transition, TransitionConfig
+    from cwm.model import distributed
+    from cwm.model.encoder import StateEncoder
+    from cwm.model.transition import Transition, TransitionConfig
     from tests.test_encoder import corpus, tiny_config
     from tests.test_transition import kind_rule_targets, synthetic_trajectories
 

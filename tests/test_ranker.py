@@ -1,4 +1,4 @@
-"""Tests for cwm.ranker (LambdaRanker, relevance labels) and cwm.metrics."""
+"""Tests for cwm.model.ranker (LambdaRanker, relevance labels) and cwm.model.metrics."""
 
 from __future__ import annotations
 

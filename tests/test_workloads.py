@@ -64,3 +64,113 @@ def test_unknown_network():
 
 def test_parse_workload():
     assert parse_workload("dense_relu:M=1, N=8") == ("dense_relu", {"M": 1, "N": 8})
+
+
+NEW_OPERATOR_KINDS = {
+    "conv1d": "conv1d", "conv3d": "conv3d", "group_conv2d": "group_conv2d", "dilated_conv2d": "conv2d",
+    "conv2d_transpose": "conv2d_transpose", "reduce_sum": "reduction", "reduce_max": "reduction",
+    "argmax": "reduction", "global_avg_pool2d": "pool", "dense_silu": "dense",
+}
+
+
+@pytest.mark.parametrize("name", sorted(NEW_OPERATOR_KINDS))
+def test_the_wider_operators_build_with_their_kind_and_presets(name):
+    from cwm.workloads.operators import OPERATORS, SHAPE_PRESETS
+
+    tasks = [OPERATORS[name].task()] + [OPERATORS[name].task(**p) for p in SHAPE_PRESETS[name]]
+    assert {t.kind for t in tasks} == {NEW_OPERATOR_KINDS[name]}
+    assert len({t.id for t in tasks}) == len(tasks)  # each preset is its own task
+    assert all(t.flops > 0 for t in tasks if name not in ("argmax",))
+
+
+def test_a_group_count_that_does_not_divide_the_channels_is_a_clear_error():
+    from cwm.errors import CwmError
+
+    with pytest.raises(CwmError, match="groups=3 must divide"):
+        get_task("group_conv2d:C=256,K=256,groups=3")
+
+
+def test_kind_names_of_network_tasks_tell_convolution_variants_apart():
+    from cwm.workloads.task import kind_of
+
+    assert kind_of("fused_conv2d_transpose_add") == "conv2d_transpose"
+    assert kind_of("fused_conv1d_add") == "conv1d"
+    assert kind_of("fused_conv3d_relu") == "conv3d"
+    assert kind_of("fused_conv2d3_add_relu") == "conv2d"
+
+
+def test_the_data_networks_are_registered_with_their_inputs():
+    from cwm.workloads import NETWORKS
+
+    for name in ["densenet121", "inception_v3", "squeezenet1_1", "shufflenet_v2_x1_0", "mnasnet1_0",
+                 "resnext50_32x4d", "wide_resnet50_2", "vgg11", "distilbert", "opt-125m", "t5-small-encoder",
+                 "resnet18-b4", "squeezenet1_1-b4", "distilbert-s256"]:
+        assert name in NETWORKS, name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["squeezenet1_1-b4", "distilbert", "t5-small-encoder"])
+def test_a_data_network_splits_into_tasks(name):
+    from cwm.workloads import tunable
+
+    tasks = network_tasks(name)
+    assert any(tunable(t) for t in tasks) and all(t.network == name for t in tasks)
+
+
+def _info(tid, name, kind, network=None):
+    from cwm.data.database import TaskInfo
+
+    return TaskInfo(id=tid, name=name, kind=kind, network=network)
+
+
+def test_near_duplicate_shapes_are_told_apart_from_other_shapes():
+    from cwm.data.split import near_duplicates
+
+    a = ((1024, 1024), (1024, 1024), (1024, 1024))
+    b = ((1024, 1024), (1024, 1023), (1024, 1023))  # N=1023: one logical dimension, in two buffers
+    c = ((1024, 1024), (1024, 512), (1024, 512))
+    d = ((1000, 1024), (1024, 1023), (1000, 1023))  # two dimensions differ
+    assert near_duplicates(a, b) and not near_duplicates(a, c) and not near_duplicates(b, d)
+    assert not near_duplicates(a, ((1024, 1024, 1),) * 3)
+
+
+def test_split_v2_holds_out_networks_and_kinds_and_never_splits_near_duplicates():
+    from cwm.data.split import make_split
+
+    tasks, shapes = {}, {}
+    for i in range(30):
+        kind = ["dense", "conv2d", "softmax"][i % 3]
+        tasks[f"t{i}"] = _info(f"t{i}", f"op{i}", kind, network=["netA", "netB", "netC"][i % 3] if i < 12 else None)
+        shapes[f"t{i}"] = ((64 + 10 * i, 256),)
+    tasks["near"] = _info("near", "op-near", "dense")
+    shapes["near"] = ((64 + 10 * 15 + 1, 256),)  # t15's shape, one off: a near-duplicate of t15
+    tasks["pool"] = _info("pool", "pool0", "pool")
+    split = make_split(tasks, seed=1, shapes=shapes, test_networks=("netA",), test_kinds=("pool",))
+    assert sorted(split["train"] + split["val"] + split["test"]) == sorted(tasks)
+    assert {t for t in tasks if tasks[t].network == "netA"} <= set(split["test"])
+    assert "pool" in split["test"]
+    side = {t: k for k, v in split.items() for t in v}
+    assert side["near"] == side["t15"]
+    for seed in range(10):  # whichever way the shuffle goes
+        split = make_split(tasks, seed=seed, shapes=shapes)
+        side = {t: k for k, v in split.items() for t in v}
+        assert side["near"] == side["t15"]
+
+
+def test_split_v2_names_an_unknown_held_out_network_or_kind():
+    from cwm.data.split import make_split
+
+    tasks = {"a": _info("a", "x", "dense", "netA")}
+    with pytest.raises(CwmError, match="no task of network 'gpt9'"):
+        make_split(tasks, test_networks=("gpt9",))
+    with pytest.raises(CwmError, match="no task of kind 'conv9d'"):
+        make_split(tasks, test_kinds=("conv9d",))
+
+
+def test_task_shapes_read_the_buffers_of_a_task_and_find_its_near_duplicate():
+    from cwm.data.split import near_duplicates, task_shapes
+
+    a, b = get_task("matmul:M=1024,N=1024,K=1024"), get_task("matmul:M=1024,N=1023,K=1024")
+    shapes = task_shapes({"a": a.mod, "b": b.mod})
+    assert shapes["b"] == ((1024, 1024), (1024, 1023), (1024, 1023))
+    assert near_duplicates(shapes["a"], shapes["b"])

@@ -24,10 +24,10 @@ def test_train_and_eval_cli_end_to_end(multi_db, multi_split, tmp_path):
     assert report["transition_loss"][-1] < report["transition_loss"][0]
     out = tmp_path / "eval"
     result = CliRunner().invoke(app, ["eval", "--db", str(multi_db), "--split", str(multi_split),
-                                      "--model", str(model_dir), "--out", str(out), "--tiny"])
+                                      "--out", str(out), "--tiny"])
     assert result.exit_code == 0, result.output
     ev = json.loads((out / "eval.json").read_text())
-    assert set(ev["metrics"]) == {"cwm", "xgb-static", "final-state", "initial-state", "random"}
+    assert set(ev["metrics"]) == {"cwm", "xgb-static", "final-state", "initial-state", "action-features", "random"}
     for m in ev["metrics"].values():
         assert 0.0 <= m["pairwise_accuracy"] <= 1.0 and 0.0 < m["top1"] <= 1.0
     t = ev["throughput"]
@@ -266,17 +266,18 @@ def test_eight_trial_tune_gives_a_valid_database(cost_model, tiny_model, tmp_pat
 def test_resumed_tune_warm_starts_its_cost_model(tiny_model, tmp_path):
     from cwm.data.database import load_raw
     from cwm.hardware import make_target
-    from cwm.tuning.tuner import make_cost_model, tune, warm_start
+    from cwm.tuning.registry import create_cost_model
+    from cwm.tuning.tuner import tune, warm_start
     from cwm.workloads import get_task
 
     task, target = get_task("matmul:M=32,N=32,K=32"), make_target()
     tune(task, trials=4, work_dir=tmp_path, cost_model="random", num_trials_per_iter=4, progress=False)
     valid = sum(r.valid for r in load_raw(tmp_path).records)
     assert valid >= 1
-    xgb = make_cost_model("xgb")
+    xgb = create_cost_model("xgb")
     assert warm_start(xgb, tmp_path, [task], target) == valid
     assert xgb.inner.data_size == valid
-    cwm = make_cost_model("cwm", tiny_model)
+    cwm = create_cost_model("cwm", tiny_model)
     warm_start(cwm, tmp_path, [task], target)
     assert len(cwm.inner.measured[task.id]["latency"]) == valid
     resumed = tune(task, trials=8, work_dir=tmp_path, cost_model="xgb", num_trials_per_iter=4, progress=False)
@@ -329,3 +330,89 @@ def test_compare_models_cli(tiny_model, multi_db, tmp_path):
     assert all(0.0 <= v <= 1.0 for v in metrics.values())
     result = CliRunner().invoke(app, ["compare-models", str(tiny_model), str(tiny_model), "--db", str(multi_db)])
     assert result.exit_code == 2 and "once" in result.output
+
+
+def test_from_pretrained_takes_a_shipped_name_or_a_directory(tiny_model):
+    from cwm.errors import CwmError
+    from cwm.model.world_model import WorldModel, shipped_models
+
+    assert set(shipped_models()) >= {"default", "znver3"}
+    by_name = WorldModel.from_pretrained("znver3")
+    assert by_name.config.hardware["mcpu"] == "znver3"
+    by_path = WorldModel.from_pretrained(tiny_model)
+    assert by_path.latent_dim == WorldModel.load(tiny_model).latent_dim
+    with pytest.raises(CwmError, match="no world model named 'znver9'.*shipped models: default"):
+        WorldModel.from_pretrained("znver9")
+
+
+def test_world_model_config_round_trips_and_rejects_unknown_keys():
+    from cwm.errors import CwmError
+    from cwm.model.world_model import WorldModelConfig
+
+    cfg = WorldModelConfig(latent="initial", hardware={"mcpu": "znver3"}, trained_on={"tasks": 3})
+    assert WorldModelConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(CwmError, match="unknown world model config key 'latnet'"):
+        WorldModelConfig.from_dict({"latnet": "rollout"})
+
+
+def test_a_model_with_another_transition_shares_the_encoder_cache(tiny_model, multi_db):
+    import copy
+
+    from cwm.data.dataset import load_dataset
+    from cwm.model.world_model import WorldModel
+
+    model = WorldModel.load(tiny_model)
+    ds = load_dataset(multi_db)
+    task_id = next(iter(ds.by_task))
+    text = ds.initial_states[task_id]
+    z0 = model.initial_latent(text)
+    other = model.with_transition(copy.deepcopy(model.transition))
+    assert other.encoder is model.encoder and other.ranker is model.ranker and other.transition is not model.transition
+    assert other.initial_latent(text) is z0  # not encoded again
+
+
+def test_encoder_transition_and_ranker_share_one_config_format(tiny_model):
+    import json
+
+    from cwm.io import CONFIG_VERSION
+
+    for part, name in [("encoder", "encoder_config.json"), ("transition", "transition_config.json"),
+                       ("ranker", "ranker_config.json")]:
+        meta = json.loads((tiny_model / part / name).read_text())
+        assert meta["format"] == f"cwm.{part}" and meta["version"] == CONFIG_VERSION and "config" in meta
+
+
+def test_configs_written_before_the_shared_format_still_load(tiny_model, tmp_path):
+    import json
+    import shutil
+
+    from cwm.errors import CwmError
+    from cwm.model.world_model import WorldModel
+
+    old = tmp_path / "old"
+    shutil.copytree(tiny_model, old)
+    for part, name, legacy in [("encoder", "encoder_config.json", "cwm-state-encoder"),
+                               ("transition", "transition_config.json", "cwm.transition/1"),
+                               ("ranker", "ranker_config.json", "cwm-lambda-ranker")]:
+        path = old / part / name
+        meta = json.loads(path.read_text())
+        meta["format"] = legacy
+        if part == "transition":
+            del meta["version"]  # the old transition config had its version in the format name
+        path.write_text(json.dumps(meta))
+    assert WorldModel.load(old).latent_dim == WorldModel.load(tiny_model).latent_dim
+    path = old / "ranker" / "ranker_config.json"
+    meta = json.loads(path.read_text())
+    meta["version"] = 7
+    path.write_text(json.dumps(meta))
+    with pytest.raises(CwmError, match="has format version 7, this cwm reads version 1"):
+        WorldModel.load(old)
+
+
+def test_a_trained_model_names_the_tasks_it_was_trained_on(tiny_model, multi_split):
+    from cwm.data.split import load_split
+    from cwm.model.world_model import training_tasks
+
+    split = load_split(multi_split)
+    assert training_tasks(tiny_model) == set(split["train"]) | set(split["val"])
+    assert not training_tasks(tiny_model) & set(split["test"])

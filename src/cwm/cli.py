@@ -10,7 +10,33 @@ from typing import Optional
 
 import typer
 
+from .data.database import RECORD_FILE, merge_databases
+from .data.dataset import load_dataset
+from .data.reference import REFERENCE_ARCHIVE, pack_database, resolve_db
+from .data.split import load_split, make_split, task_shapes
+from .data.stats import format_dataset_stats, plot_dataset_stats
+from .deploy.build import build_network, random_inputs
+from .deploy.check import check_against_torch, tolerance_for
+from .deploy.runtime import load_and_run
 from .errors import CwmError
+from .hardware import make_target
+from .io import atomic_write_text
+from .tuning.collect import collect as run_collect
+from .tuning.collect import collected_task_ids
+from .tuning.measure import RPCAddress
+from .tuning.registry import cost_model_help, cost_model_names
+from .tuning.tuner import tune as run_tune
+from .tuning.tuner import tune_network
+from .workloads import (
+    OPERATORS,
+    load_tir_file,
+    network_tasks,
+    registry_tasks,
+    resolve_task,
+    tunable,
+)
+from .workloads.networks import get_network, torch_model
+from .workloads.reference import reference_tasks
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Compiler world models for tensor program search.")
 workloads_app = typer.Typer(no_args_is_help=True, help="Operator registry and networks.")
@@ -33,9 +59,6 @@ def _quiet_tvm_logs() -> None:
 
 
 def _tasks_from(names: list[str], network: Optional[str], target=None):
-    from .workloads import network_tasks, registry_tasks, resolve_task, tunable
-    from .workloads.reference import reference_tasks
-
     tasks = []
     if network is not None:  # an empty name is an unknown network, not no network
         tasks += [t for t in network_tasks(network, target) if tunable(t)]
@@ -55,8 +78,6 @@ def workloads_list(
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines."),
 ):
     """List registry operators (with default shapes) or the tasks of a network."""
-    from .workloads import OPERATORS, network_tasks
-
     if network is not None:
         rows = [t.summary() for t in network_tasks(network)]
     else:
@@ -87,11 +108,6 @@ def collect(
                                               help="Skip tasks that have records in this database (repeatable)."),
 ):
     """Measure candidates into a resumable MetaSchedule database."""
-    from .hardware import make_target
-    from .tuning.collect import collect as run_collect
-    from .tuning.collect import collected_task_ids
-    from .tuning.measure import RPCAddress
-
     _quiet_tvm_logs()
     tgt = make_target(target)
     chosen = _tasks_from(tasks or [], network, tgt)
@@ -118,7 +134,7 @@ def tune(
                                           "its layout tasks get 8 trials each on top."),
     tir: Optional[Path] = typer.Option(None, "--tir", help="A TVMScript file with your own kernel."),
     trials: int = typer.Option(64, help="Measurement budget in total."),
-    cost_model: str = typer.Option("cwm", help="cwm | xgb | random"),
+    cost_model: str = typer.Option("cwm", help=cost_model_help()),
     model: Optional[Path] = typer.Option(None, help="World model directory (default: the shipped model)."),
     target: Optional[str] = typer.Option(None, help="'cpu' (default, this host), 'cuda' or target JSON."),
     rpc: Optional[str] = typer.Option(None, help="Measure through a TVM RPC tracker HOST:PORT:KEY."),
@@ -129,11 +145,6 @@ def tune(
                                              "measured candidates' replayed states (slower per round)."),
 ):
     """Tune a workload, a network or a TVMScript kernel; writes a database and a report."""
-    from .hardware import make_target
-    from .tuning.measure import RPCAddress
-    from .tuning.tuner import tune as run_tune
-    from .workloads import load_tir_file
-
     _quiet_tvm_logs()
     if trials <= 0:
         _fail(f"--trials must be positive, got {trials}")
@@ -143,23 +154,21 @@ def tune(
     if address:
         address.check_reachable()
     tgt = make_target(target)
+    settings = dict(work_dir=work_dir, cost_model=cost_model, model_path=model, target=tgt, rpc=address, seed=seed,
+                    num_trials_per_iter=per_iter, finetune_transition=finetune_transition)
     if tir is not None:
         tasks = [load_tir_file(tir)]
-    else:
-        names = [workload] if workload is not None else ([] if network is not None else [DEFAULT_WORKLOAD])
-        tasks = _tasks_from(names, network, tgt)
-    result = run_tune(tasks, trials=trials, work_dir=work_dir, cost_model=cost_model, model_path=model,
-                      target=tgt, rpc=address, seed=seed, num_trials_per_iter=per_iter,
-                      finetune_transition=finetune_transition)
-    if network is not None:
-        from .tuning.tuner import tune_layout_tasks
-        from .workloads import network_tasks
-
-        layout = tune_layout_tasks(network_tasks(network, tgt), work_dir=work_dir, target=tgt, rpc=address,
-                                   seed=seed)
+        result = run_tune(tasks, trials=trials, **settings)
+    elif network is not None:  # an empty name is an unknown network, not no network
+        named = _tasks_from([workload] if workload is not None else [], None, tgt)
+        result, layout = tune_network(network_tasks(network, tgt) + named, trials=trials, **settings)
+        tasks = result.tasks
         if layout is not None:
             typer.echo(f"{len(layout.tasks)} layout tasks: {len(layout.best)} tuned, "
                        f"{len(layout.tasks) - len(layout.best)} without a valid candidate")
+    else:
+        tasks = _tasks_from([workload if workload is not None else DEFAULT_WORKLOAD], None, tgt)
+        result = run_tune(tasks, trials=trials, **settings)
     for t in tasks:
         best = result.best.get(t.id)
         if best:
@@ -185,8 +194,6 @@ def train(
 
     Data-parallel on CPU: torchrun --nproc_per_node 2 -m cwm.cli train --db ... (rank 0 writes).
     """
-    from .data.reference import resolve_db
-    from .data.split import load_split
     from .model import distributed
     from .model.training import TrainSettings
     from .model.training import train as run_train
@@ -210,26 +217,27 @@ def train(
 def evaluate(
     db: Path = typer.Option(..., "--db", help="MetaSchedule JSON database directory."),
     split: Path = typer.Option(..., "--split", help="Split JSON."),
-    model: Optional[Path] = typer.Option(None, help="World model directory (default: the shipped model)."),
-    out: Path = typer.Option(Path("benchmarks/results/eval"), help="Where to write eval.json and eval.png."),
-    tiny: bool = typer.Option(False, help="Tiny ablation rankers, for tests."),
+    out: Path = typer.Option(Path("benchmarks/results/eval"), help="Where to write eval.json/md/png and the model."),
+    records_per_task_cap: int = typer.Option(64, help="Training records per task for every contender's ranker "
+                                             "(one seeded sample, the same for all; 0: no cap). Test records are "
+                                             "never capped."),
+    seed: int = typer.Option(0),
+    tiny: bool = typer.Option(False, help="Tiny models, for tests."),
     cache_dir: Optional[Path] = typer.Option(None),
 ):
-    """Offline ranking evaluation on the test tasks against xgb-static and the ablations."""
+    """Held-out ranking quality: cwm and every ablation and baseline trained in this run on the split's training
+    tasks, scored on its test tasks with bootstrap intervals over tasks."""
     from .benchmarks.offline import evaluate as run_eval
-    from .data.reference import resolve_db
-    from .data.split import load_split
     from .model.training import TrainSettings
-    from .model.world_model import default_model_dir
 
     _quiet_tvm_logs()
     settings = TrainSettings.tiny() if tiny else TrainSettings()
-    report = run_eval(model or default_model_dir(), resolve_db(db), load_split(split), out, settings=settings,
-                      final_per_task=8 if tiny else 64, throughput_batch=64 if tiny else 512, cache_dir=cache_dir,
-                      curve_repeats=1 if tiny else 5)
-    for name, m in report["metrics"].items():
-        typer.echo(f"{name:<14} pairwise {m['pairwise_accuracy']:.3f}  ndcg@10 {m['ndcg@10']:.3f}  "
-                   f"top1 {m['top1']:.3f}  top5 {m['top5']:.3f}")
+    report = run_eval(resolve_db(db), load_split(split), out, settings=settings,
+                      records_per_task_cap=8 if tiny else records_per_task_cap, seed=seed,
+                      throughput_batch=64 if tiny else 512, cache_dir=cache_dir, curve_repeats=1 if tiny else 5)
+    for name, m in report["intervals"].items():
+        typer.echo(f"{name:<15} " + "  ".join(f"{k} {v['mean']:.3f} [{v['lo']:.3f}, {v['hi']:.3f}]"
+                                              for k, v in m.items()))
     t = report["throughput"]
     typer.echo(f"throughput (geomean over test tasks): cwm {t['cwm_candidates_per_second']:.0f}/s, xgb-static "
                f"{t['xgb-static_candidates_per_second']:.0f}/s ({t['speedup']:.1f}x in the search loop, "
@@ -250,9 +258,6 @@ def compare_models(
 ):
     """Ranking quality of world models on every task of a database (pairwise, ndcg@10, top-1, top-5)."""
     from .benchmarks.offline import compare_models as run_compare
-    from .data.reference import resolve_db
-    from .io import atomic_write_text
-
     _quiet_tvm_logs()
     names = [str(m) for m in models]
     if len(set(names)) != len(names):
@@ -286,8 +291,6 @@ def bench_search(
 ):
     """Fixed-budget search against MetaSchedule's XGBoost model, interleaved, >= 3 seeds."""
     from .benchmarks.search import DEFAULT_SUBGRAPHS, run_search_benchmark
-    from .data.reference import resolve_db
-    from .data.split import load_split
     from .model.world_model import default_model_dir
 
     _quiet_tvm_logs()
@@ -303,6 +306,22 @@ def bench_search(
         typer.echo(f"{c:<15} geomean speed-up vs xgb {o['geomean_speedup_vs_xgb']:.3f}x "
                    f"(min {o['min']:.2f}, max {o['max']:.2f})")
     typer.echo(f"report: {out / 'search.json'}, {out / 'search.md'}, {out / 'search.png'}")
+
+
+@bench_app.command("noise")
+def bench_noise(
+    db: Path = typer.Option(..., "--db", help="Database whose records to re-measure (this machine's records)."),
+    out: Path = typer.Option(..., "--out", help="Directory for noise.json, noise.md and noise.png."),
+    records: int = typer.Option(512, help="Records to re-measure, spread over tasks."),
+    min_per_task: int = typer.Option(16, help="Records per task (tasks with fewer are not chosen)."),
+    seed: int = typer.Option(0),
+):
+    """Label noise: re-measure recorded candidates and compare the passes (Spearman, top-k ceilings)."""
+    from .benchmarks.noise import remeasure
+
+    _quiet_tvm_logs()
+    summary = remeasure(resolve_db(db), out, n_records=records, min_per_task=min_per_task, seed=seed)
+    typer.echo(json.dumps({k: v for k, v in summary.items() if k not in ("per_task", "pairs", "target")}))
 
 
 @bench_app.command("diagnose-search")
@@ -337,9 +356,6 @@ def build(
     target: Optional[str] = typer.Option(None, help="'cpu' (default), 'cuda' or target JSON."),
 ):
     """Build a network with its tuned schedules applied and export a shared library."""
-    from .deploy.build import build_network
-    from .hardware import make_target
-
     _quiet_tvm_logs()
     result = build_network(network, db, make_target(target), out)
     typer.echo(f"{result.tuned_tasks}/{result.total_tasks} tasks tuned"
@@ -355,11 +371,6 @@ def run(
 ):
     """Run a built network on the Relax VM with random inputs (checked against PyTorch with --network)."""
     import numpy as np
-
-    from .deploy.build import random_inputs
-    from .deploy.check import check_against_torch, tolerance_for
-    from .deploy.runtime import load_and_run
-    from .workloads.networks import get_network, torch_model
 
     _quiet_tvm_logs()
     if not lib.exists():
@@ -390,18 +401,30 @@ def bench_e2e(
              "which a run without them resumes from)."),
     runs: int = typer.Option(30, help="Timed runs per contender (median), interleaved."),
     seeds: int = typer.Option(1, help="Tuning seeds per cost model (latency is their geometric mean)."),
-    cost_models: str = typer.Option("xgb,cwm", help="Comma-separated cost models to tune with."),
+    cost_models: str = typer.Option("xgb,cwm", help=f"Comma-separated cost models to tune with, of {', '.join(cost_model_names())}."),
     num_trials_per_iter: int = typer.Option(16, help="Candidates measured per task-scheduler round."),
+    db: Path = typer.Option(Path("reference"), "--db", help="Training database of the world model (for "
+                            "xgb-pretrained and --leave-network-out)."),
+    split: Path = typer.Option(Path("data/reference/split.json"), "--split",
+                               help="Its split (for xgb-pretrained and --leave-network-out)."),
+    leave_network_out: bool = typer.Option(False, "--leave-network-out", help="For each network, train cwm's world "
+                                           "model and xgb-pretrained on the split less that network's tasks, so "
+                                           "every network is held out; kept in WORK_ROOT/<network>/."),
 ):
-    """End to end: PyTorch eager and compile vs TVM untuned, xgb-tuned and cwm-tuned networks."""
+    """End to end: PyTorch eager and compile vs TVM untuned and tuned networks (xgb, xgb-pretrained, cwm); the report
+    says how many of each network's tasks every learned cost model was trained on."""
     from .benchmarks.e2e import DEFAULT_NETWORKS, run_e2e_benchmark
     from .model.world_model import default_model_dir
 
     _quiet_tvm_logs()
+    chosen = tuple(c.strip() for c in cost_models.split(",") if c.strip())
+    needs_training_data = "xgb-pretrained" in chosen or leave_network_out
     summary = run_e2e_benchmark(networks or DEFAULT_NETWORKS, out, trials_per_task=trials_per_task,
                                 model_path=model or default_model_dir(), work_root=work_root, runs=runs,
                                 seeds=tuple(range(seeds)), num_trials_per_iter=num_trials_per_iter,
-                                cost_models=tuple(c.strip() for c in cost_models.split(",") if c.strip()))
+                                cost_models=chosen, train_db=resolve_db(db) if needs_training_data else None,
+                                split=load_split(split) if needs_training_data else None,
+                                leave_network_out=leave_network_out)
     typer.echo(json.dumps(summary.get("geomean_speedup_vs_eager", {}), default=float))
     typer.echo(f"report: {out / 'e2e.json'}, {out / 'e2e.md'}, {out / 'e2e.png'}")
 
@@ -424,13 +447,10 @@ def bench_e2e_combine(
 def dataset_stats(
     db: Path = typer.Option(..., "--db", help="MetaSchedule JSON database directory."),
     as_json: bool = typer.Option(False, "--json", help="Print the statistics as JSON."),
-    plot: Optional[Path] = typer.Option(None, help="Write a PNG of action kinds and trajectory lengths."),
+    plot: Optional[Path] = typer.Option(None, help="Write a PNG of action kinds, trajectory lengths and records "
+                                        "per machine."),
 ):
     """Records per task, valid/failed counts, latency spread, action kinds and trajectory lengths."""
-    from .data.dataset import load_dataset
-    from .data.reference import resolve_db
-    from .data.stats import format_dataset_stats, plot_dataset_stats
-
     ds = load_dataset(resolve_db(db))
     stats = ds.stats()
     typer.echo(json.dumps(stats, indent=1) if as_json else format_dataset_stats(stats))
@@ -444,15 +464,16 @@ def dataset_split(
     db: Path = typer.Option(..., "--db", help="MetaSchedule JSON database directory."),
     out: Path = typer.Option(..., "--out", help="Where to write the split JSON."),
     seed: int = typer.Option(0),
+    test_network: list[str] = typer.Option(None, "--test-network",
+                                           help="Hold out every task of this network (repeatable)."),
+    test_kind: list[str] = typer.Option(None, "--test-kind", help="Hold out every task of this operator kind "
+                                        "(repeatable)."),
 ):
-    """Write a train/val/test split by task (about 70/15/15, with held-out kinds and shapes)."""
-    from .data.dataset import load_dataset
-    from .data.reference import resolve_db
-    from .data.split import make_split
-    from .io import atomic_write_text
-
+    """Write a train/val/test split by task (about 70/15/15, with held-out kinds and shapes); near-duplicate
+    shapes stay on one side."""
     ds = load_dataset(resolve_db(db))
-    split = make_split(ds.tasks, seed=seed)
+    split = make_split(ds.tasks, seed=seed, shapes=task_shapes(ds.modules), test_networks=tuple(test_network or ()),
+                       test_kinds=tuple(test_kind or ()))
     split["names"] = {k: [ds.tasks[t].name for t in v] for k, v in split.items()}
     atomic_write_text(out, json.dumps(split, indent=1) + "\n")
     typer.echo(" ".join(f"{k}={len(v)}" for k, v in split.items() if k != "names"))
@@ -463,12 +484,10 @@ def dataset_pack(
     db: Path = typer.Option(..., "--db", help="MetaSchedule JSON database directory."),
     out: Path = typer.Option(Path("data/reference"), help="Directory for the archive and MANIFEST.json."),
     split: Optional[Path] = typer.Option(None, help="Split JSON to summarize in the manifest."),
+    archive: str = typer.Option(REFERENCE_ARCHIVE, help="Archive file name in --out."),
 ):
-    """Compress a database into reference_db.tar.gz with a manifest (machine, target, counts)."""
-    from .data.reference import pack_database
-    from .data.split import load_split
-
-    summary = pack_database(db, out, load_split(split) if split else None)
+    """Compress a database into an archive with a manifest (machines, targets, counts per task and machine)."""
+    summary = pack_database(db, out, load_split(split) if split else None, archive=archive)
     typer.echo(f"{summary['records']} records ({summary['valid']} valid) of {summary['tasks']} tasks; "
                f"{summary['tasks_with_200_valid']} tasks have >= 200 valid -> {out / summary['archive']}")
 
@@ -479,16 +498,17 @@ def dataset_merge(
     db: Path = typer.Option(..., "--db", help="Database directory to merge into (created if absent)."),
 ):
     """Merge tuning logs (e.g. `cwm tune` work directories) into one training database."""
-    from .data.database import RECORD_FILE, merge_database
-
     for source in sources:
         if not (source / RECORD_FILE).exists():
             _fail(f"{source} is not a MetaSchedule JSON database directory (no {RECORD_FILE})")
-    total = 0
-    for source in sources:
-        added = merge_database(source, db)
-        total += added
-        typer.echo(f"{source}: {added} records added")
+    from tqdm import tqdm
+
+    with tqdm(total=len(sources), unit="db", desc="merge", dynamic_ncols=True) as bar:
+        def report(source, added):
+            bar.write(f"{source}: {added} records added")
+            bar.update(1)
+
+        total = sum(merge_databases(sources, db, on_source=report))
     typer.echo(f"{total} records added to {db}")
 
 
@@ -499,9 +519,6 @@ def dataset_export(
     states: bool = typer.Option(False, help="Include replayed intermediate and final states."),
 ):
     """Export trajectory records (initial state, actions, states, latency, hardware) as JSONL."""
-    from .data.dataset import load_dataset
-    from .data.reference import resolve_db
-
     n = load_dataset(resolve_db(db)).export_jsonl(out, with_states=states)
     typer.echo(f"{n} trajectories written to {out}")
 

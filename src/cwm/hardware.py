@@ -209,3 +209,44 @@ def as_target(target):
     if isinstance(target, Target):
         return target
     return make_target(target)
+
+
+UNKNOWN_MACHINE = "unknown"
+
+# Hardware features (cwm.hardware.HARDWARE_FEATURE_NAMES) of CPUs named by their LLVM ``mcpu``, for
+# records measured on a machine other than the one the database's manifest.json describes. Cache
+# sizes follow cwm.hardware._cache_kb, i.e. what Linux sysfs reports as the size of ONE cache
+# instance: L1d and L2 per core; L3 per CCD/CCX on AMD (the L3 a core shares), the whole socket's
+# LLC on Intel. Values are from the vendors' public specifications; where the L3 depends on the
+# SKU, the named top SKU of the generation is used. ``simd_bits`` is the widest vector ISA
+# (AVX2 256, AVX-512 512; Zen 4 executes AVX-512 on 256-bit units but has the 512-bit ISA, and
+# cwm.hardware.host_cpu reports 512 for any CPU with avx512f). ``cores`` is not in the table: it
+# comes from the record target's ``num-cores``.
+KNOWN_CPU_HARDWARE: dict[str, dict] = {
+    # AMD EPYC
+    "znver2": {"model": "AMD Zen 2 (EPYC 7002 Rome)", "simd_bits": 256,
+               "l1d_kb": 32, "l2_kb": 512, "l3_kb": 16 * 1024},  # 16 MB per 4-core CCX
+    "znver3": {"model": "AMD Zen 3 (EPYC 7003 Milan)", "simd_bits": 256,
+               "l1d_kb": 32, "l2_kb": 512, "l3_kb": 32 * 1024},  # 32 MB per 8-core CCD
+    "znver4": {"model": "AMD Zen 4 (EPYC 9004 Genoa)", "simd_bits": 512,
+               "l1d_kb": 32, "l2_kb": 1024, "l3_kb": 32 * 1024},  # 32 MB per 8-core CCD
+    "znver5": {"model": "AMD Zen 5 (EPYC 9005 Turin)", "simd_bits": 512,
+               "l1d_kb": 48, "l2_kb": 1024, "l3_kb": 32 * 1024},  # 32 MB per 8-core CCD
+    # Intel Xeon
+    "rocketlake": {"model": "Intel Xeon E-2300 (Rocket Lake)", "simd_bits": 512,
+                   "l1d_kb": 48, "l2_kb": 512, "l3_kb": 16 * 1024},  # LLVM's name for the Xeon VM of earlier runs
+    # Intel Xeon Scalable
+    "skylake-avx512": {"model": "Intel Xeon Skylake-SP (Platinum 8180)", "simd_bits": 512,
+                       "l1d_kb": 32, "l2_kb": 1024, "l3_kb": 39424},  # 38.5 MB
+    "cascadelake": {"model": "Intel Xeon Cascade Lake-SP (Platinum 8280)", "simd_bits": 512,
+                    "l1d_kb": 32, "l2_kb": 1024, "l3_kb": 39424},  # 38.5 MB
+    "icelake-server": {"model": "Intel Xeon Ice Lake-SP (Platinum 8380)", "simd_bits": 512,
+                       "l1d_kb": 48, "l2_kb": 1280, "l3_kb": 60 * 1024},  # 60 MB
+    "sapphirerapids": {"model": "Intel Xeon Sapphire Rapids (Platinum 8480+)", "simd_bits": 512,
+                       "l1d_kb": 48, "l2_kb": 2048, "l3_kb": 105 * 1024},  # 105 MB
+    "emeraldrapids": {"model": "Intel Xeon Emerald Rapids (Platinum 8592+)", "simd_bits": 512,
+                      "l1d_kb": 48, "l2_kb": 2048, "l3_kb": 320 * 1024},  # 320 MB
+    "graniterapids": {"model": "Intel Xeon 6 Granite Rapids (6980P)", "simd_bits": 512,
+                      "l1d_kb": 48, "l2_kb": 2048, "l3_kb": 504 * 1024},  # 504 MB
+}
+

@@ -9,6 +9,19 @@ from pathlib import Path
 
 from .errors import CwmError
 
+# The saved components (encoder E, transition F, ranker R) share one config format:
+# {"format": "cwm.<component>", "version": CONFIG_VERSION, "config": {...}, ...} beside their weights.
+CONFIG_VERSION = 1
+# Format names written before the components shared one; read as version 1 of the current name.
+_LEGACY_FORMATS = {"cwm-state-encoder": "cwm.encoder", "cwm.transition/1": "cwm.transition",
+                   "cwm-lambda-ranker": "cwm.ranker"}
+
+
+def write_config(path: Path, fmt: str, config: dict, **fields) -> None:
+    """Write a saved component's config file (see ``CONFIG_VERSION``) atomically."""
+    meta = {"format": fmt, "version": CONFIG_VERSION, "config": config, **fields}
+    atomic_write_text(Path(path), json.dumps(meta, indent=2, sort_keys=True) + "\n")
+
 
 def read_config(directory: Path, config_file: str, other_files: tuple[str, ...], fmt: str, what: str) -> dict:
     """The parsed config of a saved ``what`` (e.g. "ranker"); CwmError naming the missing or bad file."""
@@ -21,10 +34,15 @@ def read_config(directory: Path, config_file: str, other_files: tuple[str, ...],
         meta = json.loads(cfg_path.read_text())
     except (OSError, ValueError) as e:
         raise CwmError(f"cannot read {cfg_path}: {e}") from None
-    if not isinstance(meta, dict) or meta.get("format") != fmt:
+    if not isinstance(meta, dict):
         raise CwmError(f"{cfg_path} is not a cwm {what} config")
+    legacy = meta.get("format") in _LEGACY_FORMATS
+    if _LEGACY_FORMATS.get(meta.get("format"), meta.get("format")) != fmt:
+        raise CwmError(f"{cfg_path} is not a cwm {what} config")
+    version = meta.get("version", CONFIG_VERSION if legacy else None)
+    if version != CONFIG_VERSION:
+        raise CwmError(f"{cfg_path} has format version {version}, this cwm reads version {CONFIG_VERSION}")
     return meta
-
 
 
 def save_figure(fig, path: str | Path, dpi: int = 90) -> None:
@@ -72,9 +90,14 @@ def atomic_file(path: str | os.PathLike):
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``path`` through a temporary file and a rename: readers see the old or the new file."""
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """``atomic_write_text`` for bytes."""
     try:
-        with atomic_file(path) as tmp, open(tmp, "w") as f:
-            f.write(text)
+        with atomic_file(path) as tmp, open(tmp, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
     except OSError as err:

@@ -15,10 +15,18 @@ finished network with the same settings is skipped on the next run). After each 
 seed, the network's tuning databases are archived beside the report
 (``databases_<network>.tar.gz``): the figures keep their databases, and a run whose work directories
 were lost (another machine, a cleaned ``runs/``) resumes from the archive.
+
+The learned cost models are reported with what they saw: each network's entry names the world model
+of ``cwm`` and the pretrained XGBoost file of ``xgb-pretrained`` (trained on ``split``'s training
+records of ``train_db``) and how many of the network's compute tasks were in their training data
+(``held_out``: none). With ``leave_network_out``, both are retrained for each network on ``split`` less
+that network's tasks (``<work_root>/<network>/leave_out_model``, reused when it exists), so every
+network is held out.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -30,9 +38,26 @@ from pathlib import Path
 import numpy as np
 
 from ..data.database import RECORD_FILE, WORKLOAD_FILE
+from ..deploy.build import build_network, sidecar_path
+from ..deploy.check import check_against_torch, tolerance_for
+from ..deploy.runtime import load_and_run
 from ..errors import CwmError
+from ..hardware import host_cpu, make_target
 from ..io import atomic_file, atomic_write_text
 from ..model.metrics import geomean as metrics_geomean
+from ..tuning.registry import check_cost_model
+from ..tuning.tuner import add_invocation_time, tune_network
+from ..workloads import get_network, tunable
+from ..workloads.networks import LAYOUT_TRIALS_PER_TASK, torch_model
+from ..workloads.pipeline import PIPELINE_VERSION, extract_tasks, relax_from_torch
+from .timing import (
+    TIMING_BLOCK,
+    peak_matmul_stats,
+    set_threads,
+    time_interleaved,
+    torch_runner,
+    tvm_runner,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +69,10 @@ UNTUNED = "tvm_untuned"
 TUNING_TIME_FILE = "e2e_tuning_time.json"
 # Seconds of timed calls after which a slow contender stops (after at least 3 calls).
 TIMING_BUDGET_S = 60.0
+# The cost models trained on records: what they saw is reported, and leave-network-out retrains them.
+LEARNED = ("cwm", "xgb-pretrained")
+LEAVE_OUT_MODEL_DIR = "leave_out_model"  # <work_root>/<network>/: the world model that never saw the network
+LEAVE_OUT_SUFFIX = "-leave-out"  # work directories and libraries of the leave-network-out contenders
 
 
 def geomean(values) -> float | None:
@@ -63,8 +92,6 @@ def _seed_name(cost_model: str, seed: int) -> str:
 def _network_spec(entry):
     """(name, torch model, example inputs) from a network name or such a tuple (tiny mode)."""
     if isinstance(entry, str):
-        from ..workloads.networks import torch_model
-
         model, inputs = torch_model(entry)
         return entry, model, tuple(inputs)
     if isinstance(entry, (tuple, list)) and len(entry) == 3:
@@ -99,9 +126,6 @@ def _weights_fingerprint(model) -> str:
 
 def _build_cached(mod_fn, db_dir, target, lib_path: Path, weights: str) -> dict:
     """build_network, unless ``lib_path`` exists and was built from the same weights and database state."""
-    from ..deploy.build import build_network, sidecar_path
-    from ..workloads.pipeline import PIPELINE_VERSION
-
     fp = [weights, _db_fingerprint(db_dir), PIPELINE_VERSION]
     side = sidecar_path(lib_path)
     if lib_path.exists() and side.exists():
@@ -133,17 +157,13 @@ def _portable_path(path) -> str:
 
 
 def _tune_timed(tasks, budget, work_dir: Path, cost_model, model_path, target, seed, per_iter, progress):
-    """tune() of the compute tasks, then tune_layout_tasks() of the layout tasks, with the wall time
-    accumulated across resumed invocations in the work directory. ``tasks``: all of the network's."""
-    from ..tuning.tuner import add_invocation_time, tune, tune_layout_tasks
-    from ..workloads import tunable
-
+    """``tune_network`` with the wall time accumulated across resumed invocations in the work directory.
+    ``tasks``: all of the network's."""
     start = time.time()
     try:
-        result = tune([t for t in tasks if tunable(t)], trials=budget, work_dir=work_dir, cost_model=cost_model,
-                      model_path=model_path, target=target, seed=seed, num_trials_per_iter=per_iter,
-                      progress=progress)
-        tune_layout_tasks(tasks, work_dir=work_dir, target=target, seed=seed, progress=progress)
+        result, _ = tune_network(tasks, trials=budget, work_dir=work_dir, cost_model=cost_model,
+                                 model_path=model_path, target=target, seed=seed, num_trials_per_iter=per_iter,
+                                 progress=progress)
     finally:  # a crashed invocation's time counts too: its records stay in the database
         elapsed = time.time() - start
         total = add_invocation_time(work_dir / TUNING_TIME_FILE, elapsed)
@@ -206,13 +226,135 @@ def _roofline(tasks, tune_results: dict, peak: tuple[float, float], top: int) ->
     return rows
 
 
-def _config(trials_per_task, seeds, cost_models, runs, target, peak_n=1024) -> dict:
-    from ..workloads.networks import LAYOUT_TRIALS_PER_TASK
-    from .timing import TIMING_BLOCK
+def _split_sha(split: dict, keys=("train", "val")) -> str:
+    text = json.dumps({k: sorted(split.get(k, [])) for k in keys}, sort_keys=True)
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
 
-    return {"trials_per_task": trials_per_task, "layout_trials_per_task": LAYOUT_TRIALS_PER_TASK,
-            "seeds": list(seeds), "cost_models": list(cost_models), "runs": runs, "target": str(target),
-            "peak_n": peak_n, "timing_block": TIMING_BLOCK}
+
+def _as_split(split) -> dict | None:
+    """A split dict, or one read from a split file (see ``cwm dataset split``)."""
+    if split is None or isinstance(split, dict):
+        if split is not None and not isinstance(split.get("train"), list):
+            raise CwmError("a split has a 'train' list of task ids")
+        return split
+    from ..data.split import load_split
+
+    return load_split(split)
+
+
+def leave_network_out_split(split: dict, task_ids) -> dict:
+    """``split`` without ``task_ids`` (a network's tasks) in train and val; test is kept as it is and
+    other keys (such as ``names``) are dropped. ``split`` is not changed."""
+    drop = set(task_ids)
+    out = {k: [t for t in split.get(k, []) if t not in drop] for k in ("train", "val")}
+    out["test"] = list(split.get("test", []))
+    return out
+
+
+def _model_meta(model_dir: Path) -> dict:
+    from ..model.world_model import CONFIG_FILE
+
+    path = Path(model_dir) / CONFIG_FILE
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CwmError(f"{path} is missing: {model_dir} is not a world model directory") from None
+    except (OSError, ValueError) as err:
+        raise CwmError(f"{path} is corrupt: {err}") from None
+    if not isinstance(meta, dict):
+        raise CwmError(f"{path} is corrupt: expected a JSON object")
+    return meta
+
+
+def training_overlap(task_ids, seen, *, path, trained_on) -> dict:
+    """How many of ``task_ids`` (a network's compute tasks) are in ``seen`` (the ids a cost model was
+    trained on; None: unknown). ``held_out``: none of them (None when unknown)."""
+    ids = set(task_ids)
+    k = None if seen is None else len(ids & set(seen))
+    return {"path": _portable_path(path) if path is not None else None, "trained_on": trained_on,
+            "tasks_in_training": k, "tasks": len(ids), "held_out": None if k is None else k == 0}
+
+
+def world_model_overlap(model_dir, task_ids) -> dict:
+    """``training_overlap`` of a world model directory by its ``train_split.json`` (train + val), with
+    its ``config.trained_on`` and the LLVM CPU (``mcpu``) of its training data."""
+    from ..model.world_model import training_tasks
+
+    meta = _model_meta(model_dir)
+    out = training_overlap(task_ids, training_tasks(model_dir), path=model_dir,
+                           trained_on=meta.get("trained_on") or {})
+    out["mcpu"] = (meta.get("hardware") or {}).get("mcpu")
+    return out
+
+
+def xgb_pretrained_overlap(xgb_path, train_db, split: dict, task_ids) -> dict:
+    """``training_overlap`` of a pretrained XGBModel file: it was fitted on ``split``'s train records
+    of ``train_db`` (``cwm.benchmarks.search.pretrain_xgb_file``; val is not used)."""
+    train = split.get("train", [])
+    return training_overlap(task_ids, set(train), path=xgb_path,
+                            trained_on={"database": str(train_db), "split": "train", "train_tasks": len(train),
+                                        "split_sha1": _split_sha(split, ("train",))})
+
+
+def _pretrained_xgb(train_db, split: dict, directory: Path, target) -> Path:
+    """``pretrain_xgb_file`` into ``directory``, named by the training task ids (another split gets
+    another file), written under a temporary name first: a killed run leaves no half file to reuse."""
+    from .search import pretrain_xgb_file
+
+    path = Path(directory) / f"xgb_pretrained_{_split_sha(split, ('train',))}.tar"
+    if path.exists():
+        return path
+    tmp = path.with_name(path.name + ".partial")
+    tmp.unlink(missing_ok=True)
+    pretrain_xgb_file(train_db, split, tmp, target)
+    tmp.replace(path)
+    return path
+
+
+def leave_out_world_model(train_db, split: dict, out_dir: Path, settings, progress: bool = True) -> Path:
+    """A world model trained on ``split`` of ``train_db`` into ``out_dir``, or the one already there
+    when it was trained on the same train/val tasks with the same settings (``train`` writes the
+    directory atomically, so one that exists is complete)."""
+    from dataclasses import asdict
+
+    from ..model.world_model import CONFIG_FILE, TRAIN_SPLIT_FILE
+
+    out_dir = Path(out_dir)
+    want_settings = json.loads(json.dumps(asdict(settings)))
+    if (out_dir / CONFIG_FILE).exists():
+        try:
+            saved = json.loads((out_dir / TRAIN_SPLIT_FILE).read_text())
+        except (OSError, ValueError):
+            saved = None
+        same_split = isinstance(saved, dict) and all(
+            sorted(saved.get(k, [])) == sorted(split.get(k, [])) for k in ("train", "val"))
+        same_settings = (_model_meta(out_dir).get("trained_on") or {}).get("settings") == want_settings
+        if not (same_split and same_settings):
+            raise CwmError(f"{out_dir} was trained on another split or with other settings; remove it "
+                           "(and the network's leave-out work directories) to train it again")
+        log.info("%s: reusing the leave-network-out world model", out_dir)
+        return out_dir
+    if not split.get("train"):
+        raise CwmError(f"{out_dir}: no training task is left once the network's tasks are removed")
+    from ..model.training import train
+
+    log.info("%s: training a world model on %d train and %d val tasks", out_dir, len(split["train"]),
+             len(split.get("val", [])))
+    train(train_db, split, out_dir, settings, progress=progress)
+    return out_dir
+
+
+def _config(trials_per_task, seeds, cost_models, runs, target, peak_n=1024, *, leave_network_out=False,
+            split=None) -> dict:
+    config = {"trials_per_task": trials_per_task, "layout_trials_per_task": LAYOUT_TRIALS_PER_TASK,
+              "seeds": list(seeds), "cost_models": list(cost_models), "runs": runs, "target": str(target),
+              "peak_n": peak_n, "timing_block": TIMING_BLOCK}
+    # Only when used, so the results of runs without them still match their settings.
+    if leave_network_out:
+        config["leave_network_out"] = True
+    if split is not None and (leave_network_out or "xgb-pretrained" in cost_models):
+        config["training_split_sha1"] = _split_sha(split)
+    return config
 
 
 def run_e2e_benchmark(
@@ -233,17 +375,24 @@ def run_e2e_benchmark(
     torch_compile: bool = True,
     roofline_top: int = 5,
     peak_n: int = 1024,
+    train_db=None,
+    split=None,
+    leave_network_out: bool = False,
+    train_settings=None,
 ) -> dict:
     """Run (or resume) the end-to-end benchmark; writes e2e.json, e2e.md and e2e.png in ``out_dir``.
 
     ``networks``: names from ``cwm.workloads.NETWORKS`` or ``(name, torch model, example inputs)``
     tuples (tiny mode for tests). Work directories: ``work_root/<network>/<cost_model>/seed<k>``.
     Libraries: ``out_dir/libs/<network>/``. Returns the summary written to e2e.json.
-    """
-    from ..hardware import host_cpu, make_target
-    from ..tuning.tuner import COST_MODELS
-    from .timing import peak_matmul_stats, set_threads
 
+    ``train_db`` and ``split`` (a dict or a split file): the records the world model was trained on;
+    needed by ``xgb-pretrained`` (fitted once on the train split, kept in ``work_root``) and by
+    ``leave_network_out``, which for each network trains the ``cwm`` world model
+    (``cwm.model.training.train`` with ``train_settings``, default ``TrainSettings()``) and fits
+    ``xgb-pretrained`` on ``split`` less the network's tasks; their work directories and libraries
+    are then named ``<cost model>-leave-out``, and ``model_path`` is not used.
+    """
     if runs < 1 or trials_per_task < 1 or num_trials_per_iter < 1:
         raise CwmError("runs, trials_per_task and num_trials_per_iter must be positive")
     seeds = tuple(int(s) for s in seeds)
@@ -252,9 +401,22 @@ def run_e2e_benchmark(
     if not cost_models:
         raise CwmError("at least one cost model is needed")
     for cm in cost_models:
-        if cm not in COST_MODELS:
-            raise CwmError(f"unknown cost model {cm!r}; choose from {', '.join(COST_MODELS)}")
-    if "cwm" in cost_models:
+        check_cost_model(cm)
+    if leave_network_out and not any(cm in LEARNED for cm in cost_models):
+        raise CwmError("leave_network_out retrains the cwm and xgb-pretrained cost models; neither is in "
+                       f"cost_models ({', '.join(cost_models)})")
+    if (leave_network_out or "xgb-pretrained" in cost_models) and (train_db is None or split is None):
+        who = "leave_network_out" if leave_network_out else "the xgb-pretrained cost model"
+        raise CwmError(f"{who} needs the training records: pass train_db (the database the world model "
+                       "was trained on) and split (its train/val/test split)")
+    split = _as_split(split)
+    if train_db is not None and split is not None and not Path(train_db).is_dir():
+        raise CwmError(f"training database {train_db} does not exist")
+    if train_settings is None and leave_network_out and "cwm" in cost_models:
+        from ..model.training import TrainSettings
+
+        train_settings = TrainSettings()
+    if "cwm" in cost_models and not leave_network_out:
         from ..model.world_model import default_model_dir
 
         path = Path(model_path) if model_path is not None else default_model_dir()
@@ -263,8 +425,6 @@ def run_e2e_benchmark(
                            "(pass model_path, or leave cwm out of cost_models)")
     for net in networks:  # unknown names fail now, not after hours of tuning the others
         if isinstance(net, str):
-            from ..workloads import get_network
-
             get_network(net)
 
     # Tuning imports tvm.s_tir.tensor_intrin; its TVMScript parser scans sys.modules on every
@@ -273,15 +433,20 @@ def run_e2e_benchmark(
     # above (it takes ~20 s) and before the world model below (which loads torch).
     import tvm.s_tir.tensor_intrin  # noqa: F401
 
-    if "cwm" in cost_models:
+    model_paths = {}  # cost model -> its model_path for tune (per network with leave_network_out)
+    if "cwm" in cost_models and not leave_network_out:
         from ..model.world_model import WorldModel
 
         world_model = WorldModel.load(path)  # a corrupt or outdated model fails now, not after the xgb runs
+        model_paths["cwm"] = path
     target = make_target(target) if not hasattr(target, "kind") else target
     out_dir, work_root = Path(out_dir), Path(work_root)
     out_dir.mkdir(parents=True, exist_ok=True)
     set_threads(threads)
-    config = _config(trials_per_task, seeds, cost_models, runs, target, peak_n)
+    config = _config(trials_per_task, seeds, cost_models, runs, target, peak_n,
+                     leave_network_out=leave_network_out, split=split)
+    if "xgb-pretrained" in cost_models and not leave_network_out:
+        model_paths["xgb-pretrained"] = _pretrained_xgb(train_db, split, work_root, target)
 
     json_path = out_dir / "e2e.json"
     summary = {"config": config, "networks": {}}
@@ -295,9 +460,11 @@ def run_e2e_benchmark(
             log.warning("%s is unreadable; starting it over", json_path)
     hw = host_cpu()
     summary["host"] = {"cpu": hw.model, "cores": hw.cores, "threads": threads, "python": platform.python_version()}
-    if "cwm" in cost_models:
+    if "cwm" in cost_models and not leave_network_out:
         summary["world_model"] = {"path": _portable_path(path),
                                   "trained_on": (world_model.config.hardware or {}).get("mcpu")}
+    if "cwm" in cost_models and leave_network_out:
+        _leave_out_summary_model(summary, work_root)
     peak = peak_matmul_stats(n=peak_n, runs=30, threads=threads)
     summary["peak_matmul_gflops"] = peak["median"]
     # The fastest call too: on a shared machine the median can be depressed by other load.
@@ -315,26 +482,68 @@ def run_e2e_benchmark(
         name, model, inputs = _network_spec(net)  # built only when needed
         entry = _benchmark_network(
             name, model, inputs, target=target, config=config, out_dir=out_dir, work_root=work_root,
-            trials_per_task=trials_per_task, seeds=seeds, cost_models=cost_models, model_path=model_path,
+            trials_per_task=trials_per_task, seeds=seeds, cost_models=cost_models, model_paths=model_paths,
             progress=progress, runs=runs, warmup=warmup, threads=threads, per_iter=num_trials_per_iter,
             torch_compile=torch_compile, roofline_top=roofline_top,
             peak=(summary["peak_matmul_gflops"], summary["peak_matmul_gflops_best"]),
+            train_db=train_db, split=split, leave_network_out=leave_network_out, train_settings=train_settings,
         )
         summary["networks"][name] = entry
+        if "cwm" in cost_models and leave_network_out:
+            _leave_out_summary_model(summary, work_root)
         _finish(summary, out_dir)
     _finish(summary, out_dir)
     return summary
 
 
-def _benchmark_network(name, model, inputs, *, target, config, out_dir, work_root, trials_per_task, seeds,
-                       cost_models, model_path, progress, runs, warmup, threads, per_iter, torch_compile,
-                       roofline_top, peak) -> dict:
-    from ..deploy.check import check_against_torch, tolerance_for
-    from ..deploy.runtime import load_and_run
-    from ..workloads import tunable
-    from ..workloads.pipeline import extract_tasks, relax_from_torch
-    from .timing import time_interleaved, torch_runner, tvm_runner
+def _leave_out_summary_model(summary: dict, work_root: Path) -> None:
+    """The report's world model line with leave_network_out: one model per network, trained on the
+    machine of the first one trained (``combine_e2e_results`` compares it)."""
+    mcpus = [e["world_model"].get("mcpu") for e in summary["networks"].values() if e.get("world_model")]
+    summary["world_model"] = {"path": _portable_path(work_root / "<network>" / LEAVE_OUT_MODEL_DIR),
+                              "trained_on": mcpus[0] if mcpus else None, "leave_network_out": True}
 
+
+def _learned_models(name, all_tasks, tasks, *, cost_models, model_paths, work_root, target, train_db, split,
+                    leave_network_out, train_settings, progress):
+    """(model path, work directory name) per cost model, and the entry's training-data keys: what
+    ``cwm`` and ``xgb-pretrained`` saw of this network; with ``leave_network_out`` their models are
+    first trained on ``split`` less every task of the network."""
+    paths = {cm: model_paths.get(cm) for cm in cost_models}
+    labels = {cm: cm for cm in cost_models}
+    info = {}
+    if not tasks:
+        return paths, labels, info
+    used_split = split
+    if leave_network_out:
+        used_split = leave_network_out_split(split, [t.id for t in all_tasks])
+        info["leave_network_out"] = {"removed_tasks": {k: len(split.get(k, [])) - len(used_split[k])
+                                                       for k in ("train", "val")}}
+        if "cwm" in cost_models:
+            paths["cwm"] = leave_out_world_model(train_db, used_split, Path(work_root) / name / LEAVE_OUT_MODEL_DIR,
+                                                 train_settings, progress)
+        if "xgb-pretrained" in cost_models:
+            paths["xgb-pretrained"] = _pretrained_xgb(train_db, used_split, Path(work_root) / name, target)
+        labels = {cm: cm + LEAVE_OUT_SUFFIX if cm in LEARNED else cm for cm in cost_models}
+    ids = [t.id for t in tasks]  # compute tasks: the layout tasks never consult a cost model
+    if "cwm" in cost_models:
+        info["world_model"] = world_model_overlap(paths["cwm"], ids)
+    if "xgb-pretrained" in cost_models:
+        info["xgb_pretrained"] = xgb_pretrained_overlap(paths["xgb-pretrained"], train_db, used_split, ids)
+    for key, cm in (("world_model", "cwm"), ("xgb_pretrained", "xgb-pretrained")):
+        o = info.get(key)
+        if o and o["held_out"] is None:
+            log.warning("%s: %s (%s) does not say which tasks it was trained on", name, cm, o["path"])
+        elif o and not o["held_out"]:
+            log.warning("%s: %s (%s) was trained on %d of its %d compute tasks: its result is not a held-out one",
+                        name, cm, o["path"], o["tasks_in_training"], o["tasks"])
+    return paths, labels, info
+
+
+def _benchmark_network(name, model, inputs, *, target, config, out_dir, work_root, trials_per_task, seeds,
+                       cost_models, model_paths, progress, runs, warmup, threads, per_iter, torch_compile,
+                       roofline_top, peak, train_db=None, split=None, leave_network_out=False,
+                       train_settings=None) -> dict:
     t_start = time.time()
     model = model.eval()
     mod_cache = {}
@@ -354,6 +563,11 @@ def _benchmark_network(name, model, inputs, *, target, config, out_dir, work_roo
              "latency_ms_per_seed": {}, "timing": {}, "errors": {}, "speedup_vs_eager": {},
              # A resumed benchmark measures the peak again; each network keeps the one its roofline used.
              "peak_matmul_gflops": peak[0], "peak_matmul_gflops_best": peak[1]}
+    paths, labels, info = _learned_models(
+        name, all_tasks, tasks, cost_models=cost_models, model_paths=model_paths, work_root=work_root,
+        target=target, train_db=train_db, split=split, leave_network_out=leave_network_out,
+        train_settings=train_settings, progress=progress)
+    entry.update(info)
 
     # 1. Tuning, the same budget for every cost model and seed. Seed-major, so the cost models
     # alternate in time (machine drift hits both) and an interrupted run leaves complete seed pairs.
@@ -361,11 +575,11 @@ def _benchmark_network(name, model, inputs, *, target, config, out_dir, work_roo
     archive = database_archive_path(out_dir, name)
     for seed in seeds:
         for cm in cost_models:
-            wd = work_root / name / cm / f"seed{seed}"
+            wd = work_root / name / labels[cm] / f"seed{seed}"
             if not tasks:
                 continue
-            _restore_work_dir(archive, wd, _safe(name), cm, seed)
-            result, total_s, this_s = _tune_timed(all_tasks, budget, wd, cm, model_path, target, seed, per_iter,
+            _restore_work_dir(archive, wd, _safe(name), labels[cm], seed)
+            result, total_s, this_s = _tune_timed(all_tasks, budget, wd, cm, paths[cm], target, seed, per_iter,
                                                   progress)
             tune_results[cm][seed] = result
             entry["tuning"].setdefault(cm, {})[str(seed)] = {
@@ -380,8 +594,8 @@ def _benchmark_network(name, model, inputs, *, target, config, out_dir, work_roo
     libs = {UNTUNED: (lib_dir / "untuned.so", None)}
     for cm in cost_models:
         for seed in seeds:
-            wd = work_root / name / cm / f"seed{seed}"
-            libs[_seed_name(cm, seed)] = (lib_dir / f"{cm}_s{seed}.so", wd if tasks else None)
+            wd = work_root / name / labels[cm] / f"seed{seed}"
+            libs[_seed_name(cm, seed)] = (lib_dir / f"{labels[cm]}_s{seed}.so", wd if tasks else None)
     weights = _weights_fingerprint(model)  # a network rebuilt with new random weights needs new libraries
     for key, (path, db) in libs.items():
         meta = _build_cached(mod_fn, db, target, path, weights)
@@ -534,6 +748,22 @@ def _label(c: str) -> str:
     return _LABELS.get(c, f"TVM tuned ({c[4:]})" if c.startswith("tvm_") else c)
 
 
+def _saw(cost_model: str, o: dict) -> str:
+    who = f"{cost_model} `{o.get('path')}`"
+    if o.get("held_out") is None:
+        return f"{who} does not say which tasks it was trained on"
+    if o["held_out"]:
+        return f"{who}: held out (none of its {o['tasks']} tasks)"
+    return f"{who} saw {o['tasks_in_training']} of {o['tasks']} tasks of this network"
+
+
+def training_line(name: str, entry: dict) -> str | None:
+    """One line of what ``cwm`` and ``xgb-pretrained`` saw of a network, or None (neither ran)."""
+    parts = [_saw(cm, entry[key]) for key, cm in (("world_model", "cwm"), ("xgb_pretrained", "xgb-pretrained"))
+             if entry.get(key)]
+    return f"{name}: " + "; ".join(parts) if parts else None
+
+
 def markdown(summary: dict) -> str:
     contenders = summary["contenders"]
     cfg = summary["config"]
@@ -552,6 +782,13 @@ def markdown(summary: dict) -> str:
     if summary.get("world_model"):
         wm = summary["world_model"]
         lines += [f"World model of `cwm`: `{wm['path']}` (trained on `{wm['trained_on']}`).", ""]
+    if cfg.get("leave_network_out"):
+        lines += [("Leave-network-out: for each network, `cwm`'s world model and `xgb-pretrained`'s XGBoost "
+                   "model were trained on the split less every task of that network."), ""]
+    seen = [line for name, e in summary["networks"].items() if (line := training_line(name, e))]
+    if seen:
+        lines += ["What the learned cost models saw of each network (its compute tasks in their training data):",
+                  ""] + [f"- {line}" for line in seen] + [""]
     if summary.get("sources"):
         lines += ["Networks measured in other runs with the same settings and host, each as measured there: " + ", ".join(
             f"{name} from `{path}`" for name, path in summary["sources"].items()) + ".", ""]

@@ -1,11 +1,18 @@
 """Offline evaluation on held-out tasks: ranking quality, evaluator throughput, noise probe.
 
-Contenders, all trained on the same training records:
-  cwm            the world model (rolled-out latent + action features + hardware)
-  xgb-static     MetaSchedule's XGBModel on PerStoreFeature (static snapshot of the final code)
-  final-state    E(final state) + action features, no transition (the paper's static ablation)
-  initial-state  E(initial state) + action features
-  random         uniform scores
+Protocol (``evaluate``): every contender is trained in the same run, from scratch, on the same
+records of the training tasks, and scored on the same records of the test tasks:
+  cwm              the world model (rolled-out latent + action features + hardware): E, F and R
+                   retrained with ``cwm.model.training.train`` on split["train"] (split["val"] is
+                   the ranker's validation set); no pretrained model is used
+  xgb-static       MetaSchedule's XGBModel on PerStoreFeature (static snapshot of the final code)
+  final-state      E(final state) + action features, no transition (the paper's static ablation)
+  initial-state    E(initial state) + action features
+  action-features  action + schedule + hardware features only, no latent at all
+  random           uniform scores: the expectation over ``random_draws`` (>= 100) seeded draws
+The ablations reuse the retrained E (and F, for nothing but the record) and refit only their
+ranker with the cwm ranker's settings. Each metric gets a percentile-bootstrap interval over
+test tasks, and each contender the paired difference ``cwm - contender`` on the same resamples.
 """
 
 from __future__ import annotations
@@ -14,19 +21,32 @@ import contextlib
 import json
 import logging
 import time
+from dataclasses import asdict
 
 import numpy as np
 
+from ..data.dataset import load_dataset
 from ..errors import CwmError
+from ..hardware import make_target
+from ..io import atomic_write_text, ensure_directory
 from ..model.metrics import geomean
+from ..schedule.actions import (
+    actions_from_trace_json,
+    trace_json_from_text,
+    trace_json_text,
+)
+from ..workloads import get_task
 
 log = logging.getLogger(__name__)
 
-CONTENDERS = ("cwm", "xgb-static", "final-state", "initial-state", "random")
+CONTENDERS = ("cwm", "xgb-static", "final-state", "initial-state", "action-features", "random")
+MIN_RANDOM_DRAWS = 100
+MIN_BOOTSTRAP_RESAMPLES = 1000
 
 
 def ablation_model(base, latent: str, train_ds, val_ds, settings, final_latents=None):
-    """``base`` with another latent (``initial``: E(s0), ``final``: E(s_T)), its ranker refit on the same records."""
+    """``base`` with another latent (``initial``: E(s0), ``final``: E(s_T), ``none``: no latent,
+    ``rollout``: the world model itself), its ranker refit on the same records."""
     from ..model.training import fit_ranker
     from ..model.world_model import WorldModel, WorldModelConfig
 
@@ -58,90 +78,273 @@ def _restrict(ds, record_indices: set):
     return sub
 
 
-def evaluate(model_dir, db_dir, split: dict, out_dir, *, settings=None, final_per_task: int = 64,
-             throughput_batch: int = 512, seed: int = 0, progress: bool = True, cache_dir=None,
-             curve_repeats: int = 5) -> dict:
-    from ..data.dataset import load_dataset
-    from ..hardware import make_target
-    from ..model.metrics import evaluate_ranking
-    from ..model.training import TrainSettings, ranker_arrays
-    from ..model.world_model import WorldModel
+def cap_records(ds, max_per_task: int | None, rng):
+    """``ds`` with at most ``max_per_task`` valid records per task (a seeded sample, in record order)."""
+    if not max_per_task:
+        return ds
+    kept = set()
+    for _, trajs in sorted(ds.by_task.items()):
+        trajs = [t for t in trajs if t.valid]
+        if len(trajs) > max_per_task:
+            trajs = [trajs[i] for i in sorted(rng.choice(len(trajs), max_per_task, replace=False))]
+        kept.update(t.record_index for t in trajs)
+    return _restrict(ds, kept)
+
+
+def random_contender(latencies, groups, weights=None, *, draws: int = MIN_RANDOM_DRAWS, seed: int = 0):
+    """The uniform-random scorer's expected per-group metrics: the mean over ``draws`` seeded draws.
+
+    Returns ``per_group_ranking``'s ``(labels, values, agg_weights)`` with ``values`` averaged over
+    the draws (the aggregate weights do not depend on the scores).
+    """
+    from ..model.metrics import per_group_ranking
+
+    if draws < 1:
+        raise CwmError(f"random draws must be >= 1, got {draws}")
+    rng = np.random.default_rng(seed)
+    lat = np.asarray(latencies, dtype=float)
+    total = None
+    for _ in range(draws):
+        labels, values, agg = per_group_ranking(rng.random(len(lat)), lat, groups, weights)
+        if total is None:
+            total = {m: np.zeros_like(v) for m, v in values.items()}
+        for m, v in values.items():
+            total[m] += v  # NaN stays NaN: those groups never count
+    return labels, {m: v / draws for m, v in total.items()}, agg
+
+
+def _interval_json(triple) -> dict:
+    mean, lo, hi = triple
+    return {"mean": mean, "lo": lo, "hi": hi}
+
+
+def evaluate(db_dir, split: dict, out_dir, *, settings=None, records_per_task_cap: int | None = None,
+             throughput_batch: int = 512, seed: int = 0, progress: bool = True,
+             cache_dir=None, curve_repeats: int = 5, random_draws: int = MIN_RANDOM_DRAWS,
+             bootstrap_resamples: int = MIN_BOOTSTRAP_RESAMPLES, confidence: float = 0.9) -> dict:
+    """Train every contender on split["train"] in this run and score them on split["test"].
+
+    ``cwm`` is retrained from scratch, E and F and R, with ``cwm.model.training.train`` and
+    ``settings`` (default ``TrainSettings()``; ``TrainSettings.tiny()`` in tests), and written to
+    ``out_dir/model``. Retraining E too is the simple honest choice: E is capped by
+    ``settings.encoder_max_seconds`` (8 min by default), small next to the rest of the run, and a
+    loaded E could have seen the test tasks (a model directory does not record its task ids).
+
+    ``records_per_task_cap``: at most this many records of
+    each training and validation task (one seeded sample) train every contender's ranker, cwm's
+    and xgb-static's included, so no contender sees records another does not; it bounds the cost of
+    encoding final states for the final-state ablation. ``None``: no cap, and cwm's ranker is the
+    one ``train`` fitted. Test records are never capped: every contender scores every valid
+    record of every test task.
+
+    ``random`` is the expectation over ``random_draws`` seeded draws. Every metric gets a
+    ``confidence`` percentile-bootstrap interval over test tasks (``bootstrap_resamples``
+    resamples with replacement, seeded), and every contender the paired difference
+    ``cwm - contender`` on the same resamples.
+
+    Writes ``eval.json``, ``eval.md``, ``eval.png`` and ``learning_curve.png`` to ``out_dir``.
+    """
+    from ..model.metrics import (
+        RANKING_METRICS,
+        bootstrap_ci,
+        bootstrap_difference,
+        bootstrap_indices,
+        per_group_ranking,
+    )
+    from ..model.training import TrainSettings, group_weights, ranked_trajectories, ranker_arrays, train
     from ..tuning.cost_model import pretrain_xgb, xgb_scores
 
     settings = settings or TrainSettings()
+    if random_draws < MIN_RANDOM_DRAWS:
+        raise CwmError(f"random_draws must be at least {MIN_RANDOM_DRAWS}, got {random_draws}")
+    if bootstrap_resamples < MIN_BOOTSTRAP_RESAMPLES:
+        raise CwmError(f"bootstrap_resamples must be at least {MIN_BOOTSTRAP_RESAMPLES}, got {bootstrap_resamples}")
+    if records_per_task_cap is not None and records_per_task_cap < 0:
+        raise CwmError(f"records_per_task_cap must be 0 (no cap) or positive, got {records_per_task_cap}")
+    cap = records_per_task_cap or None  # 0: no cap
+    if cap is not None and cap < 2:
+        raise CwmError(f"records_per_task_cap must be at least 2 (a ranker learns from pairs), got {cap}")
     rng = np.random.default_rng(seed)
-    from ..io import ensure_directory
 
-    model = WorldModel.load(model_dir)
     out_dir = ensure_directory(out_dir, "output directory")
     ds = load_dataset(db_dir, cache_dir=cache_dir).valid()
-    train_ds, val_ds, test_ds = (ds.subset(split[k]) for k in ("train", "val", "test"))
+    train_ds, val_ds, test_ds = (ds.subset(split.get(k, [])) for k in ("train", "val", "test"))
     if not test_ds.trajectories:
         raise CwmError("the test split has no valid records")
-    weights = {tid: ds.tasks[tid].weight for tid in test_ds.by_task}
+    if not train_ds.trajectories:
+        raise CwmError("the train split has no valid records")
+    overlap = (set(train_ds.by_task) | set(val_ds.by_task)) & set(test_ds.by_task)
+    if overlap:
+        raise CwmError(f"{len(overlap)} test task(s) are also in the train or val split, e.g. "
+                       f"{ds.tasks[min(overlap)].name}")
     target = make_target(json.dumps({"kind": "llvm", "mcpu": ds.hardware.get("mcpu") or "generic",
                                      "num-cores": int(ds.hardware.get("cores", 1))}))
-    scores: dict[str, np.ndarray] = {}
     timings: dict[str, float] = {}
 
-    X, lat, groups = ranker_arrays(model, test_ds)
+    # cwm: E, F and R from scratch on the training split.
     t = time.time()
-    scores["cwm"] = model.ranker.predict(X)
-    timings["cwm"] = time.time() - t
+    model_out = out_dir / "model"
+    base, train_report = train(db_dir, split, model_out, settings, progress=progress, cache_dir=cache_dir)
+    timings["cwm-train"] = time.time() - t
+
+    # The records every ranker learns from: the same (possibly capped) sample for all.
+    train_fit, val_fit = cap_records(train_ds, cap, rng), cap_records(val_ds, cap, rng)
+    capped = len(train_fit) < len(train_ds) or len(val_fit) < len(val_ds)
+    models = {}
+    if capped:
+        t = time.time()
+        models["cwm"] = ablation_model(base, "rollout", train_fit, val_fit, settings)
+        timings["cwm-ranker-refit"] = time.time() - t
+    else:
+        models["cwm"] = base
+    for name, latent in (("initial-state", "initial"), ("action-features", "none")):
+        t = time.time()
+        models[name] = ablation_model(base, latent, train_fit, val_fit, settings)
+        timings[f"{name}-train"] = time.time() - t
 
     t = time.time()
-    xgb = pretrain_xgb(train_ds, target, seed=seed, progress=progress)
-    timings["xgb-static-train"] = time.time() - t
-    scores["xgb-static"] = np.concatenate([xgb_scores(xgb, ds.modules[tid], [t.actions for t in trajs], target, tid)
-                                           for tid, trajs in sorted(test_ds.by_task.items())])
-
-    t = time.time()
-    initial = ablation_model(model, "initial", train_ds, val_ds, settings)
-    scores["initial-state"] = initial.ranker.predict(ranker_arrays(initial, test_ds)[0])
-    timings["initial-state-train"] = time.time() - t
-
-    t = time.time()
-    finals_train, kept_train = _encode_finals(model, train_ds, final_per_task, rng, progress)
-    finals_val, kept_val = _encode_finals(model, val_ds, final_per_task, rng, progress)
-    finals_test, _ = _encode_finals(model, test_ds, None, rng, progress)
-    finals = {**finals_train, **finals_val, **finals_test}
-    final = ablation_model(model, "final", _restrict(train_ds, kept_train), _restrict(val_ds, kept_val),
-                            settings, finals)
-    scores["final-state"] = final.ranker.predict(ranker_arrays(final, test_ds, finals)[0])
+    finals = {}
+    for part in (train_fit, val_fit, test_ds):
+        if part.trajectories:
+            finals.update(_encode_finals(base, part, None, rng, progress)[0])
+    models["final-state"] = ablation_model(base, "final", train_fit, val_fit, settings, finals)
     timings["final-state-train"] = time.time() - t
 
-    scores["random"] = rng.random(len(lat))
-    results = {name: evaluate_ranking(scores[name], lat, groups, weights) for name in CONTENDERS}
-    per_task = {}
-    for tid in sorted(test_ds.by_task):
-        m = groups == tid
-        per_task[ds.tasks[tid].name] = {name: evaluate_ranking(scores[name][m], lat[m], groups[m])["top1"]
-                                        for name in CONTENDERS}
+    t = time.time()
+    xgb = pretrain_xgb(train_fit, target, seed=seed, progress=progress)
+    timings["xgb-static-train"] = time.time() - t
 
-    throughput = evaluator_throughput(model, xgb, test_ds, target, throughput_batch)
-    probe = noise_probe(model, ds)
-    curve = learning_curve(model, initial, train_ds, ds.subset(sorted(set(split["val"]) | set(split["test"]))),
+    # Scores on every valid test record, in ranker_arrays' order (task by task).
+    scores: dict[str, np.ndarray] = {}
+    _, lat, groups = ranker_arrays(models["cwm"], test_ds)
+    weights = group_weights(test_ds, groups)
+    for name in ("cwm", "initial-state", "action-features", "final-state"):
+        t = time.time()
+        X = ranker_arrays(models[name], test_ds, finals if name == "final-state" else None)[0]
+        scores[name] = models[name].ranker.predict(X)
+        timings[name] = time.time() - t
+    scores["xgb-static"] = np.concatenate([xgb_scores(xgb, ds.modules[tid], [t.actions for t in trajs], target, tid)
+                                           for tid, trajs in ranked_trajectories(test_ds)])
+
+    per_task_values, agg_weights = {}, None
+    for name in CONTENDERS:
+        if name == "random":
+            labels, values, agg = random_contender(lat, groups, weights, draws=random_draws, seed=seed)
+        else:
+            labels, values, agg = per_group_ranking(scores[name], lat, groups, weights)
+        per_task_values[name] = values
+        agg_weights = agg  # the same for every contender: pair counts and task weights only
+    idx = bootstrap_indices(len(labels), bootstrap_resamples, seed)
+    intervals = {name: {m: _interval_json(bootstrap_ci(per_task_values[name][m], agg_weights[m], indices=idx,
+                                                       confidence=confidence))
+                        for m in RANKING_METRICS} for name in CONTENDERS}
+    results = {name: {m: iv["mean"] for m, iv in per.items()} for name, per in intervals.items()}
+    differences = {name: {m: _interval_json(bootstrap_difference(per_task_values["cwm"][m], per_task_values[name][m],
+                                                                 agg_weights[m], indices=idx, confidence=confidence))
+                          for m in RANKING_METRICS} for name in CONTENDERS if name != "cwm"}
+    per_task = {ds.tasks[tid].name: {name: float(per_task_values[name]["top1"][i]) for name in CONTENDERS}
+                for i, tid in enumerate(labels)}
+
+    cwm = models["cwm"]
+    throughput = evaluator_throughput(cwm, xgb, test_ds, target, throughput_batch)
+    probe = noise_probe(cwm, ds)
+    curve = learning_curve(cwm, models["initial-state"], train_fit,
+                           ds.subset(sorted(set(split.get("val", [])) | set(split["test"]))),
                            settings, repeats=curve_repeats, seed=seed, progress=progress)
+    def names(part):
+        return [ds.tasks[t].name for t in sorted(part.by_task)]
+
+    ranker_fit = "the ranker train() fitted" if not capped else "ranker refit on the capped records"
     report = {
-        "test_tasks": [ds.tasks[t].name for t in sorted(test_ds.by_task)],
+        "protocol": {
+            "trained_in_this_run": list(CONTENDERS[:-1]),
+            "train_split": "train",
+            "validation_split": "val",
+            "train_tasks": names(train_ds),
+            "val_tasks": names(val_ds),
+            "ranker_train_records": len(train_fit),
+            "ranker_val_records": len(val_fit),
+            "cwm": {
+                "trained_with": "cwm.model.training.train",
+                "retrained": ["encoder", "transition", "ranker"],
+                "pretrained_components": [],
+                "ranker": ranker_fit,
+                "model_dir": str(model_out),
+                "train_counts": train_report.counts,
+                "validation": train_report.validation,
+            },
+            "ablations": "the retrained E; only the ranker refit, with cwm's ranker settings, on the same records",
+            "contenders": {
+                **{name: {"latent": m.config.latent, "features": len(m.feature_names)} for name, m in models.items()},
+                "xgb-static": {"latent": None, "features": "PerStoreFeature of the materialized final code"},
+                "random": {"latent": None, "features": None},
+            },
+            "settings": asdict(settings),
+            "seed": seed,
+        },
+        "records_per_task_cap": cap,
+        "records_per_task_cap_applies_to": ("train and val records of every contender's ranker (the same "
+                                            "seeded sample); test records are not capped" if cap else None),
+        "test_tasks": [ds.tasks[t].name for t in labels],
         "test_records": int(len(lat)),
         "metrics": results,
+        "intervals": intervals,
+        "difference_vs_cwm": differences,
+        "bootstrap": {"unit": "test task", "tasks": len(labels), "resamples": bootstrap_resamples,
+                      "confidence": confidence, "method": "percentile", "seed": seed,
+                      "paired": "cwm and each contender on the same resamples"},
+        "random": {"draws": random_draws, "seed": seed},
         "top1_per_task": per_task,
         "throughput": throughput,
         "noise_probe": probe,
         "learning_curve": curve,
         "seconds": timings,
     }
-    (out_dir / "eval.json").write_text(json.dumps(report, indent=1, default=float) + "\n")
+    atomic_write_text(out_dir / "eval.json", json.dumps(report, indent=1, default=float) + "\n")
+    atomic_write_text(out_dir / "eval.md", eval_markdown(report))
     plot_eval(report, out_dir / "eval.png")
     plot_learning_curve(curve, out_dir / "learning_curve.png")
     return report
 
 
+def eval_markdown(report: dict) -> str:
+    """The ranking tables of an ``evaluate`` report: each metric with its interval, and ``cwm -
+    contender`` with its interval (an interval that excludes 0 marks a difference the test tasks
+    support)."""
+    from ..model.metrics import RANKING_METRICS
+
+    b = report["bootstrap"]
+    pct = f"{100 * b['confidence']:g}%"
+    cap = report.get("records_per_task_cap")
+    lines = [
+        f"# Offline ranking on {len(report['test_tasks'])} held-out tasks ({report['test_records']} records)",
+        "",
+        f"Every contender trained in this run on the `train` split ({len(report['protocol']['train_tasks'])} tasks, "
+        f"{report['protocol']['ranker_train_records']} ranker records; `cwm` retrained from scratch, "
+        f"{report['protocol']['cwm']['ranker']}). "
+        + (f"At most {cap} records per training/validation task for every ranker. " if cap else "")
+        + f"`random`: mean of {report['random']['draws']} draws. "
+        f"Intervals: {pct} percentile bootstrap over test tasks, {b['resamples']} resamples."
+        + (" With fewer than 2 test tasks the intervals have no width: they say nothing." if b["tasks"] < 2 else ""),
+        "",
+        "| scorer | " + " | ".join(RANKING_METRICS) + " |",
+        "|---|" + "---|" * len(RANKING_METRICS),
+    ]
+    def fmt(iv, sign=""):
+        return f"{iv['mean']:{sign}.3f} [{iv['lo']:{sign}.3f}, {iv['hi']:{sign}.3f}]"
+
+    for name, per in report["intervals"].items():
+        lines.append(f"| `{name}` | " + " | ".join(fmt(per[m]) for m in RANKING_METRICS) + " |")
+    lines += ["", f"Paired difference `cwm - contender` ({pct} interval):", "",
+              "| contender | " + " | ".join(RANKING_METRICS) + " |", "|---|" + "---|" * len(RANKING_METRICS)]
+    for name, per in report["difference_vs_cwm"].items():
+        lines.append(f"| `{name}` | " + " | ".join(fmt(per[m], "+") for m in RANKING_METRICS) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def compare_models(model_dirs: dict, db_dir, *, cache_dir=None) -> dict:
     """Ranking quality of world models on every task of a database, e.g. measurements from a
     machine or a network none of them was trained on: {name: metrics} plus the counts."""
-    from ..data.dataset import load_dataset
     from ..model.metrics import evaluate_ranking
     from ..model.training import ranker_arrays
     from ..model.world_model import WorldModel
@@ -172,23 +375,24 @@ def learning_curve(model, initial_model, train_ds, heldout_ds, settings, *, repe
 
     from ..model.metrics import evaluate_ranking
     from ..model.ranker import LambdaRanker, RankerConfig
-    from ..model.training import ranker_arrays
+    from ..model.training import group_task, group_weights, ranker_arrays
 
     rng = np.random.default_rng(seed)
     tids = sorted(train_ds.by_task)
-    weights = {tid: heldout_ds.tasks[tid].weight for tid in heldout_ds.by_task}
     arrays = {}
     for name, m in (("cwm", model), ("initial-state", initial_model)):
         X, lat, groups = ranker_arrays(m, train_ds)
-        arrays[name] = (X, lat, groups, ranker_arrays(m, heldout_ds), m.feature_names)
+        arrays[name] = (X, lat, groups, np.array([group_task(g) for g in groups]), ranker_arrays(m, heldout_ds),
+                        m.feature_names)
+    weights = group_weights(heldout_ds, arrays["cwm"][4][2])
     sizes = sorted({max(2, int(round(f * len(tids)))) for f in fractions})
     out = {"heldout_tasks": len(heldout_ds.by_task), "train_tasks": len(tids), "repeats": repeats,
            "sizes": sizes, "by_model": {name: {} for name in arrays}}
     jobs = [(n, r) for n in sizes for r in range(1 if n == len(tids) else repeats)]
     for n, r in tqdm(jobs, desc="learning curve", disable=not progress):
         chosen = set(rng.choice(tids, n, replace=False).tolist())
-        for name, (X, lat, groups, (Xh, lath, gh), names) in arrays.items():
-            m = np.isin(groups, list(chosen))
+        for name, (X, lat, groups, tasks_of_rows, (Xh, lath, gh), names) in arrays.items():
+            m = np.isin(tasks_of_rows, list(chosen))
             ranker = LambdaRanker(RankerConfig(objective="rank:pairwise", n_estimators=settings.ranker_estimators,
                                                max_depth=6, learning_rate=0.1, lambdarank_num_pair_per_sample=32,
                                                seed=settings.seed + r))
@@ -238,11 +442,6 @@ def evaluator_throughput(model, xgb, ds, target, batch: int, reps: int = 3) -> d
     """
     import tvm.s_tir.meta_schedule as ms
 
-    from ..schedule.actions import (
-        actions_from_trace_json,
-        trace_json_from_text,
-        trace_json_text,
-    )
     from ..tuning.cost_model import WorldModelCostModel, gc_paused, measure_candidates
 
     def best_us(fn, n, paused=False):
@@ -321,8 +520,6 @@ def noise_probe(model, ds) -> dict:
     """
     from scipy.stats import kendalltau
 
-    from ..workloads import get_task
-
     by_name = {info.name: tid for tid, info in ds.tasks.items()}
     tids = sorted(ds.initial_states)
     Z = model.encoder.encode([ds.initial_states[t] for t in tids])
@@ -344,6 +541,8 @@ def noise_probe(model, ds) -> dict:
 
 
 def plot_eval(report: dict, path) -> None:
+    """Each metric per contender with its bootstrap interval (left), and ``cwm - contender`` with its
+    interval (right; above 0: cwm ranks better)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -351,16 +550,46 @@ def plot_eval(report: dict, path) -> None:
 
     metrics = ("pairwise_accuracy", "ndcg@10", "top1", "top5")
     names = list(report["metrics"])
-    fig, ax = plt.subplots(figsize=(9, 4))
+    intervals = report.get("intervals", {})
+    fig, (ax, dax) = plt.subplots(1, 2, figsize=(13, 4.2), gridspec_kw={"width_ratios": [3, 2]})
     width = 0.8 / len(names)
+
+    def bars(axis, table, i, name):
+        vals = np.array([table[name][m]["mean"] if isinstance(table[name][m], dict) else table[name][m]
+                         for m in metrics], dtype=float)
+        err = None
+        if all(isinstance(table[name][m], dict) for m in metrics):
+            lo = np.array([table[name][m]["lo"] for m in metrics], dtype=float)
+            hi = np.array([table[name][m]["hi"] for m in metrics], dtype=float)
+            err = np.nan_to_num(np.stack([vals - lo, hi - vals]).clip(min=0))
+        axis.bar(np.arange(len(metrics)) + i * width, vals, width, yerr=err, capsize=2, label=name)
+
     for i, name in enumerate(names):
-        vals = [report["metrics"][name][m] for m in metrics]
-        ax.bar(np.arange(len(metrics)) + i * width, vals, width, label=name)
+        bars(ax, intervals if name in intervals else report["metrics"], i, name)
     ax.set_xticks(np.arange(len(metrics)) + 0.4 - width / 2)
     ax.set_xticklabels(metrics)
     ax.set_ylim(0, 1.05)
-    ax.legend(fontsize=8)
-    ax.set_title(f"held-out tasks ({len(report['test_tasks'])}), {report['test_records']} records")
+    ax.legend(fontsize=7, ncol=2)
+    conf = report.get("bootstrap", {}).get("confidence")
+    ax.set_title(f"held-out tasks ({len(report['test_tasks'])}), {report['test_records']} records"
+                 + (f"; {100 * conf:g}% bootstrap intervals over tasks" if conf else ""), fontsize=9)
+    diffs = report.get("difference_vs_cwm", {})
+    if diffs:
+        dwidth = 0.8 / len(diffs)
+        for i, name in enumerate(diffs):
+            vals = np.array([diffs[name][m]["mean"] for m in metrics], dtype=float)
+            lo = np.array([diffs[name][m]["lo"] for m in metrics], dtype=float)
+            hi = np.array([diffs[name][m]["hi"] for m in metrics], dtype=float)
+            err = np.nan_to_num(np.stack([vals - lo, hi - vals]).clip(min=0))
+            dax.bar(np.arange(len(metrics)) + i * dwidth, vals, dwidth, yerr=err, capsize=2, label=name,
+                    color=f"C{names.index(name) if name in names else i}")
+        dax.axhline(0, color="black", lw=0.8)
+        dax.set_xticks(np.arange(len(metrics)) + 0.4 - dwidth / 2)
+        dax.set_xticklabels(metrics)
+        dax.set_title("cwm - contender (paired, same resamples); > 0: cwm better", fontsize=9)
+        dax.grid(axis="y", alpha=0.3)
+    else:
+        dax.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -16,13 +16,20 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data.dataset import load_dataset
 from ..errors import CwmError
-from ..io import atomic_write_text
+from ..hardware import make_target
+from ..io import atomic_write_text, ensure_directory
 from ..model.metrics import geomean
+from ..tuning.measure import compile_schedule
+from ..tuning.registry import cost_model_names, create_cost_model
+from ..tuning.tuner import add_invocation_time, tune
+from ..workloads import resolve_task
+from ..workloads.reference import HELD_OUT_SUBGRAPHS
 
 log = logging.getLogger(__name__)
 
-CONTENDERS = ("cwm", "xgb", "xgb-pretrained", "random")
+CONTENDERS = cost_model_names()  # every registered cost model
 # World-model variants, opt-in with --contenders: the paper's search ablation without the transition
 # (``cwm-initial``: E(s0) + action features, the ranker refit on the same training records), and
 # the shipped model with the transition fine-tuned online on each task (``cwm-finetune``).
@@ -32,22 +39,8 @@ XGB_PRETRAINED_FILE = "xgb_pretrained.tar"
 INITIAL_MODEL_DIR = "cwm_initial_model"
 TUNING_TIME_FILE = "search_tuning_time.json"  # wall and cost-model seconds summed over resumed invocations
 
-# 12 subgraphs: matmul/dense, batch_matmul, conv2d, depthwise, reductions; several are in the
-# reference test split (held out from training).
-DEFAULT_SUBGRAPHS = (
-    "dense_relu:M=128,N=512,K=256",
-    "bert-base/fused_matmul_add2",
-    "matmul:M=1024,N=1023,K=1024",
-    "matmul:M=256,N=1000,K=512",
-    "batch_matmul:B=12,M=128,N=128,K=64",
-    "batch_matmul:B=12,M=128,N=64,K=128",
-    "resnet18/fused_conv2d1_subtract1_divide1_multiply1_add1_relu1",
-    "conv2d:N=1,C=256,H=14,W=14,K=256,R=3,stride=1,pad=1",
-    "depthwise_conv2d:N=1,C=96,H=112,W=112,R=3,stride=2,pad=1",
-    "mobilenet_v2/fused_conv2d7_subtract5_divide5_multiply5_add5_tir_clip3",
-    "softmax:M=1536,N=128",
-    "layernorm:M=256,N=1024",
-)
+# The held-out set (cwm.workloads.reference.HELD_OUT_SUBGRAPHS): in no committed training split.
+DEFAULT_SUBGRAPHS = HELD_OUT_SUBGRAPHS
 
 
 def _run_dir(root: Path, task, budget: int, contender: str, seed: int) -> Path:
@@ -55,8 +48,6 @@ def _run_dir(root: Path, task, budget: int, contender: str, seed: int) -> Path:
 
 
 def _load_or_tune(task, budget, contender, seed, root, model_path, xgb_path, initial_path, per_iter, progress):
-    from ..tuning.tuner import add_invocation_time, tune
-
     run_dir = _run_dir(root, task, budget, contender, seed)
     done = run_dir / "run.json"
     if done.exists():
@@ -90,8 +81,6 @@ def remeasure_interleaved(items, target, runs: int = 30) -> list[float]:
     """Median latency of each (task, trace) pair, timing them round-robin in this process."""
     import tvm
 
-    from ..tuning.measure import compile_schedule
-
     dev = tvm.device("cuda" if target.kind.name == "cuda" else "cpu", 0)
     prepared = []
     for task, trace in items:
@@ -112,7 +101,6 @@ def remeasure_interleaved(items, target, runs: int = 30) -> list[float]:
 
 def pretrain_xgb_file(db_dir, split: dict, out_path: Path, target, seed: int = 0) -> Path:
     """MetaSchedule's XGBModel warm-started on the training records the world model saw."""
-    from ..data.dataset import load_dataset
     from ..tuning.cost_model import pretrain_xgb
 
     if out_path.exists():
@@ -126,7 +114,6 @@ def pretrain_xgb_file(db_dir, split: dict, out_path: Path, target, seed: int = 0
 
 def initial_state_model_dir(db_dir, split: dict, out_path: Path, model_path=None, seed: int = 0) -> Path:
     """The ``cwm-initial`` ablation as a model directory (kept in the work root and reused)."""
-    from ..data.dataset import load_dataset
     from ..model.training import TrainSettings
     from ..model.world_model import CONFIG_FILE, WorldModel
     from .offline import ablation_model
@@ -138,6 +125,33 @@ def initial_state_model_dir(db_dir, split: dict, out_path: Path, model_path=None
                            ds.subset(split["val"]), TrainSettings(seed=seed))
     model.save(out_path)
     return out_path
+
+
+def training_marks(tasks, contenders, model_path=None, split: dict | None = None) -> dict[str, list[str]]:
+    """Subgraph name -> the contenders whose prior was trained (or validated) on it: the world model's
+    variants by the model's own ``train_split.json``, ``xgb-pretrained`` and ``cwm-initial`` by ``split``.
+    A marked subgraph measures memory, not generalization. A model that names no training tasks is
+    marked ``unknown`` on every subgraph."""
+    from ..model.world_model import training_tasks
+
+    seen = {}
+    if any(c == "cwm" or c == "cwm-finetune" for c in contenders):
+        model_seen = training_tasks(model_path) if model_path is not None else None
+        for c in ("cwm", "cwm-finetune"):
+            if c in contenders:
+                seen[c] = model_seen
+    if split is not None:
+        split_seen = set(split.get("train", [])) | set(split.get("val", []))
+        for c in ("xgb-pretrained", "cwm-initial"):
+            if c in contenders:
+                seen[c] = split_seen
+    marks = {}
+    for task in tasks:
+        names = [c if ids is not None else f"{c} (unknown)" for c, ids in seen.items()
+                 if ids is None or task.id in ids]
+        if names:
+            marks[task.name] = names
+    return marks
 
 
 def run_search_benchmark(
@@ -156,16 +170,11 @@ def run_search_benchmark(
     remeasure_runs: int = 30,
     progress: bool = True,
 ) -> dict:
-    from ..hardware import make_target
-    from ..workloads import resolve_task
-
     if budget <= 0 or (large_budget is not None and large_budget <= 0):
         raise CwmError("budgets must be positive")
     if len(seeds) < 1:
         raise CwmError("at least one seed is needed")
-    from ..tuning.tuner import COST_MODELS
-
-    known = COST_MODELS + VARIANTS
+    known = cost_model_names() + VARIANTS
     unknown = [c for c in contenders if c not in known]
     if unknown or not contenders:
         raise CwmError(f"unknown contender {unknown[0]!r}; choose from {', '.join(known)}" if unknown
@@ -174,11 +183,13 @@ def run_search_benchmark(
         from ..model.world_model import WorldModel
 
         WorldModel.load(model_path)  # a missing or corrupt model fails now, not after the other runs
-    from ..io import ensure_directory
 
     out_dir, root = ensure_directory(out_dir, "output directory"), Path(work_root)
     target = make_target()
     tasks = [resolve_task(name, target) for name in subgraphs]
+    marks = training_marks(tasks, contenders, model_path, split)
+    for name, who in marks.items():
+        log.warning("%s is in the training data of %s: its result is not a held-out one", name, ", ".join(who))
     xgb_path = None
     if "xgb-pretrained" in contenders:
         if train_db is None or split is None:
@@ -196,12 +207,14 @@ def run_search_benchmark(
             for b, contender in plan:  # interleaved: every contender once per (subgraph, seed)
                 runs.append(_load_or_tune(task, b, contender, seed, root, model_path, xgb_path, initial_path,
                                           num_trials_per_iter, progress))
-                _write(out_dir, _summarize(tasks, runs, contenders, budget, large_budget, None, num_trials_per_iter))
+                _write(out_dir, _summarize(tasks, runs, contenders, budget, large_budget, None, num_trials_per_iter)
+                       | {"in_training": marks})
     latencies = remeasure_interleaved([(resolve_task(r["task"], target), r["best_trace"]) for r in runs], target,
                                       remeasure_runs)
     for r, lat in zip(runs, latencies):
         r["remeasured_seconds"] = lat
     summary = _summarize(tasks, runs, contenders, budget, large_budget, remeasure_runs, num_trials_per_iter)
+    summary["in_training"] = marks
     _write(out_dir, summary)
     return summary
 
@@ -316,7 +329,9 @@ def _markdown(summary: dict) -> str:
                 cells.append(f"{e[c]['geomean_seconds'] * 1e3:.4f} ({e[c].get('speedup_vs_xgb', float('nan')):.2f}x)")
             else:
                 cells.append("-")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        mark = " (in training: " + ", ".join(summary["in_training"][name]) + ")" if name in summary.get(
+            "in_training", {}) else ""
+        lines.append(f"| {name}{mark} | " + " | ".join(cells) + " |")
     lines.append("")
     for c, o in summary["overall"].items():
         lines.append(f"- {c}: geometric-mean speed-up vs xgb {o['geomean_speedup_vs_xgb']:.3f}x "
@@ -487,8 +502,6 @@ def diagnose_search_runs(work_root, out_dir, *, budget: int = 64, model_path=Non
 
 def finished_runs(root: Path, budget: int) -> list[tuple[dict, object]]:
     """``(run.json record, valid dataset of its database)`` of each finished run at ``budget``."""
-    from ..data.dataset import load_dataset
-
     return [(json.loads(run_json.read_text()), load_dataset(run_json.parent).valid())
             for run_json in sorted(Path(root).glob(f"*/b{budget}/*/seed*/run.json"))]
 
@@ -516,11 +529,9 @@ def pooled_ranking(runs, model, xgb_path=None, initial_path=None) -> dict:
         scorers["cwm-initial"] = WorldModel.load(initial_path)
     xgb = None
     if xgb_path is not None and Path(xgb_path).is_file():
-        from ..hardware import make_target
         from ..tuning.cost_model import xgb_scores
-        from ..tuning.tuner import make_cost_model
 
-        xgb, target = make_cost_model("xgb-pretrained", xgb_path).inner, make_target()
+        xgb, target = create_cost_model("xgb-pretrained", xgb_path).inner, make_target()
     rng = np.random.default_rng(0)
     scores: dict[str, list] = {}
     lat_all, groups, pool_actions = [], [], []

@@ -17,7 +17,9 @@ from pathlib import Path
 
 from ..errors import CwmError
 from ..io import atomic_write_text, ensure_directory, remove_stale_temp_files
+from ..schedule.actions import trace_key
 from ..schedule.tir import block_names, workload_module
+from ..workloads.task import task_id_of
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +27,13 @@ WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
 FAILURE_FILE = "failures.jsonl"
 FAILED_LATENCY = 1e10  # run_secs MetaSchedule stores for a candidate that failed
+
+
+def valid_run_secs(run_secs) -> bool:
+    """Measured times of a candidate that ran: all finite, positive and below ``FAILED_LATENCY``."""
+    return bool(run_secs) and all(
+        isinstance(s, (int, float)) and math.isfinite(s) and 0 < s < FAILED_LATENCY for s in run_secs
+    )
 
 
 @dataclass
@@ -40,9 +49,7 @@ class RawRecord:
 
     @property
     def valid(self) -> bool:
-        return bool(self.run_secs) and all(
-            isinstance(s, (int, float)) and math.isfinite(s) and 0 < s < FAILED_LATENCY for s in self.run_secs
-        )
+        return valid_run_secs(self.run_secs)
 
     @property
     def latency(self) -> float | None:
@@ -175,26 +182,29 @@ def open_database(db_dir: str | os.PathLike, *, create: bool = True):
 
 def task_ids(db: RawDatabase) -> list[str | None]:
     """Task id (see cwm.workloads.task_id_of) of every workload line."""
-    from ..workloads.task import task_id_of
-
     return [None if w is None else task_id_of(workload_module(w)) for w in db.workloads]
 
 
 def merge_database(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> int:
-    """Append the records of ``src_dir`` that ``dst_dir`` lacks (same workload and trace).
+    """Append the records of ``src_dir`` that ``dst_dir`` lacks (same workload and trace); returns the
+    records added. See ``merge_databases``."""
+    return merge_databases([src_dir], dst_dir)[0]
 
-    Works on the JSON lines directly, so records keep their exact form. Workloads are matched by
-    MetaSchedule's structural hash string and their block names; new ones are appended, and so are
-    their entries in the task index. Returns the records added.
+
+def merge_databases(src_dirs, dst_dir: str | os.PathLike, on_source=None) -> list[int]:
+    """Append the records of each of ``src_dirs`` that ``dst_dir`` lacks (same workload and trace).
+
+    Works on the JSON lines directly, so records keep their exact form (their own target too, so
+    records of several machines can share a database). Workloads are matched by MetaSchedule's
+    structural hash string and their block names; new ones are appended, and so are their entries in
+    the task index. The destination is read once for all sources. Each source's records are on disk
+    before the next source is read; ``on_source(src_dir, added)`` is called after each. Returns the
+    records added per source.
     """
-    from ..schedule.actions import trace_key
-
-    src_dir, dst_dir = Path(src_dir), Path(dst_dir)
-    src = load_raw(src_dir, missing_ok=True)
-    if not src.records:
-        return 0
+    dst_dir = Path(dst_dir)
     open_database(dst_dir)  # creates and repairs the destination files
     dst = load_raw(dst_dir, missing_ok=True)
+    workloads = list(dst.workloads)
     # (hash, block names) -> line: a structurally equal workload with other block names is kept
     # apart, or MetaSchedule could not replay the records' traces on it (see block_names).
     # Parsing a workload is slow, so an identical line is matched by its text and the structural
@@ -206,54 +216,63 @@ def merge_database(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> in
             names_of[entry[1]] = block_names(workload_module(entry))
         return entry[0], names_of[entry[1]]
 
-    same_text = {json.dumps(w): i for i, w in enumerate(dst.workloads) if w is not None}
+    same_text = {json.dumps(w): i for i, w in enumerate(workloads) if w is not None}
     index_of: dict[tuple, int] | None = None
-    dst_index_of_src: dict[int, int] = {}
     seen = {(r.workload_index, trace_key(r.trace_json)) for r in dst.records}
-    new_workloads, new_records = [], []
-    for rec in src.records:
-        if rec.workload_index not in dst_index_of_src:
-            entry = src.workloads[rec.workload_index]
-            idx = same_text.get(json.dumps(entry))
-            if idx is None:
-                if index_of is None:
-                    index_of = {identity(w): i for i, w in enumerate(dst.workloads) if w is not None}
-                workload = identity(entry)
-                if workload not in index_of:
-                    index_of[workload] = len(dst.workloads) + len(new_workloads)
-                    new_workloads.append(entry)
-                idx = index_of[workload]
-            dst_index_of_src[rec.workload_index] = idx
-        idx = dst_index_of_src[rec.workload_index]
-        key = (idx, trace_key(rec.trace_json))
-        if key in seen:
-            continue
-        seen.add(key)
-        body = [rec.trace_json, rec.run_secs, rec.target_json, rec.args_info]
-        new_records.append(json.dumps([idx, body]))
-    # Workloads first: a record line must never point past the workload file.
-    if new_workloads:
-        with open(dst_dir / WORKLOAD_FILE, "a") as f:
-            f.write("".join(json.dumps(w) + "\n" for w in new_workloads))
-            f.flush()
-            os.fsync(f.fileno())
-    if new_records:
-        with open(dst_dir / RECORD_FILE, "a") as f:
-            f.write("".join(line + "\n" for line in new_records))
-            f.flush()
-            os.fsync(f.fileno())
-    _merge_task_index(src_dir, dst_dir)
-    return len(new_records)
+    added = []
+    for src_dir in src_dirs:
+        src_dir = Path(src_dir)
+        src = load_raw(src_dir, missing_ok=True)
+        dst_index_of_src: dict[int, int] = {}
+        new_workloads, new_records = [], []
+        for rec in src.records:
+            if rec.workload_index not in dst_index_of_src:
+                entry = src.workloads[rec.workload_index]
+                text = json.dumps(entry)
+                idx = same_text.get(text)
+                if idx is None:
+                    if index_of is None:
+                        index_of = {identity(w): i for i, w in enumerate(workloads) if w is not None}
+                    workload = identity(entry)
+                    if workload not in index_of:
+                        index_of[workload] = len(workloads)
+                        workloads.append(entry)
+                        new_workloads.append(entry)
+                    idx = same_text[text] = index_of[workload]
+                dst_index_of_src[rec.workload_index] = idx
+            idx = dst_index_of_src[rec.workload_index]
+            key = (idx, trace_key(rec.trace_json))
+            if key in seen:
+                continue
+            seen.add(key)
+            body = [rec.trace_json, rec.run_secs, rec.target_json, rec.args_info]
+            new_records.append(json.dumps([idx, body]))
+        # Workloads first: a record line must never point past the workload file.
+        if new_workloads:
+            with open(dst_dir / WORKLOAD_FILE, "a") as f:
+                f.write("".join(json.dumps(w) + "\n" for w in new_workloads))
+                f.flush()
+                os.fsync(f.fileno())
+        if new_records:
+            with open(dst_dir / RECORD_FILE, "a") as f:
+                f.write("".join(line + "\n" for line in new_records))
+                f.flush()
+                os.fsync(f.fileno())
+        if src.records:
+            _merge_task_index(src_dir, dst_dir)
+        added.append(len(new_records))
+        if on_source is not None:
+            on_source(src_dir, len(new_records))
+    return added
 
 
 def _merge_task_index(src_dir: Path, dst_dir: Path) -> None:
     """Keep the readable names, kinds and weights of the merged tasks (see write_task_index)."""
-    from .database import TASK_INDEX_FILE, read_task_index
-
     index = read_task_index(dst_dir)
     new = {k: v for k, v in read_task_index(src_dir).items() if k not in index}
     if new:
         atomic_write_text(dst_dir / TASK_INDEX_FILE, json.dumps(index | new, indent=1, sort_keys=True) + "\n")
+
 
 TASK_INDEX_FILE = "tasks.json"
 

@@ -4,6 +4,11 @@ Each measured record becomes a trajectory: the task's initial TensorIR, the acti
 (every trace instruction with its symbolic inputs, attrs and decision), the intermediate
 states after IR-changing actions (replayed on demand, cached on disk), the final state, the
 measured latency and the hardware features.
+
+Records merged from several machines keep their machine: each trajectory carries the ``mcpu``
+of its own record's target (``Trajectory.machine``) and that machine's hardware features
+(``TrajectoryDataset.hardware_of``), taken from the database's manifest when the manifest
+describes that machine and from ``cwm.hardware.KNOWN_CPU_HARDWARE`` otherwise.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -20,12 +26,86 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CwmError
+from ..hardware import KNOWN_CPU_HARDWARE, UNKNOWN_MACHINE, host_cpu
 from ..io import atomic_file, atomic_write_text
 from ..schedule.actions import changes_ir, model_actions, replay
 from ..schedule.tir import block_names, workload_module
+from ..workloads.task import kind_of, task_id_of
 from .database import FAILURE_FILE, MANIFEST_FILE, TaskInfo, load_raw, read_task_index
 
 log = logging.getLogger(__name__)
+
+
+def target_dict(target_json) -> dict:
+    """A record's target as a dict: MetaSchedule stores a JSON object; a JSON string or an old
+    ``"llvm -mcpu=znver3 -num-cores=4"`` string is read too. ``{}`` when unreadable."""
+    if isinstance(target_json, dict):
+        return target_json
+    if isinstance(target_json, str):
+        text = target_json.strip()
+        try:
+            value = json.loads(text)
+            return value if isinstance(value, dict) else {}
+        except ValueError:
+            pass
+        parts = text.split()
+        if not parts or not re.fullmatch(r"[A-Za-z_][\w-]*", parts[0]):
+            return {}
+        out: dict = {"kind": parts[0]}
+        for key, value in re.findall(r"-{1,2}([\w-]+)=(\S+)", text):
+            out[key] = int(value) if value.isdigit() else value
+        return out
+    return {}
+
+
+def machine_of(target_json) -> str:
+    """The machine of a record: its llvm target's ``mcpu``, the target kind for other kinds
+    (e.g. "cuda"), or "unknown"."""
+    target = target_dict(target_json)
+    kind = target.get("kind")
+    if kind == "llvm" or (not kind and target.get("mcpu")):
+        mcpu = target.get("mcpu")
+        return str(mcpu) if mcpu else UNKNOWN_MACHINE
+    return str(kind) if kind else UNKNOWN_MACHINE
+
+
+def machine_hardware(target_json, default: dict | None = None) -> dict:
+    """Hardware features (keys of ``HardwareInfo.as_json()``) of the machine a record was measured on.
+
+    ``default`` is the database's own hardware (manifest.json, else this host). It is used when
+    it describes the record's machine (same kind and ``mcpu``/cuda ``arch``) and for records whose
+    machine is unknown or not a CPU/GPU by name (e.g. kind "c"). Other llvm records get their
+    ``mcpu``'s row of ``cwm.hardware.KNOWN_CPU_HARDWARE`` with the target's ``num-cores`` (0 if absent); an
+    ``mcpu`` not in the table gets zero SIMD width and caches. cuda records get the target's
+    arch and shared memory.
+    """
+    default = default or {}
+    target = target_dict(target_json)
+    machine = machine_of(target)
+    if machine == UNKNOWN_MACHINE:
+        return default
+    kind = target.get("kind") or "llvm"
+    cores = target.get("num-cores")
+    cores = int(cores) if isinstance(cores, (int, float)) or (isinstance(cores, str) and cores.isdigit()) else 0
+    if kind == "llvm":
+        if default.get("kind", "cpu") == "cpu" and default.get("mcpu") == machine:
+            return default
+        row = KNOWN_CPU_HARDWARE.get(machine)
+        if row is None:
+            return {"kind": "cpu", "model": machine, "cores": cores, "simd_bits": 0, "l1d_kb": 0, "l2_kb": 0,
+                    "l3_kb": 0, "mcpu": machine, "sm_count": 0, "shared_mem_kb": 0}
+        return {"kind": "cpu", "model": row["model"], "cores": cores, "simd_bits": row["simd_bits"],
+                "l1d_kb": row["l1d_kb"], "l2_kb": row["l2_kb"], "l3_kb": row["l3_kb"], "mcpu": machine,
+                "sm_count": 0, "shared_mem_kb": 0}
+    if kind == "cuda":
+        arch = str(target.get("arch", ""))
+        if default.get("kind") == "cuda" and (not arch or default.get("mcpu") == arch):
+            return default
+        shared = target.get("max_shared_memory_per_block", 0)
+        shared = int(shared) // 1024 if isinstance(shared, (int, float)) else 0
+        return {"kind": "cuda", "model": f"cuda {arch}".strip(), "cores": 0, "simd_bits": 32 * 32,
+                "l1d_kb": 0, "l2_kb": 0, "l3_kb": 0, "mcpu": arch, "sm_count": 0, "shared_mem_kb": shared}
+    return default
 
 
 @dataclass
@@ -35,6 +115,9 @@ class Trajectory:
     latency: float | None
     error: str | None = None
     record_index: int = -1
+    machine: str = UNKNOWN_MACHINE  # the record target's mcpu (see machine_of)
+    # The machine's hardware features (see machine_hardware); None: the dataset's hardware.
+    hardware: dict | None = field(default=None, repr=False, compare=False)
 
     @property
     def valid(self) -> bool:
@@ -52,6 +135,7 @@ class Trajectory:
             "latency": self.latency,
             "error": self.error,
             "record_index": self.record_index,
+            "machine": self.machine,
         }
 
 
@@ -95,7 +179,7 @@ class TrajectoryDataset:
     initial_states: dict[str, str]  # task id -> TensorIR text
     modules: dict[str, object]  # task id -> IRModule
     trajectories: list[Trajectory]
-    hardware: dict = field(default_factory=dict)
+    hardware: dict = field(default_factory=dict)  # the database's machine (manifest.json, else this host)
     skipped_lines: int = 0
     cache: StateCache = field(default_factory=lambda: StateCache(None))
 
@@ -108,6 +192,29 @@ class TrajectoryDataset:
         for t in self.trajectories:
             out.setdefault(t.task_id, []).append(t)
         return out
+
+    def hardware_of(self, traj: Trajectory) -> dict:
+        """Hardware features of the machine ``traj`` was measured on (see machine_hardware)."""
+        return traj.hardware if traj.hardware is not None else self.hardware
+
+    @property
+    def machines(self) -> dict[str, dict]:
+        """Hardware of each machine with records, by machine name (first record's, in record order)."""
+        out: dict[str, dict] = {}
+        for t in self.trajectories:
+            out.setdefault(t.machine, self.hardware_of(t))
+        return out
+
+    def by_hardware(self, trajs: list[Trajectory]) -> list[tuple[dict, list[int]]]:
+        """``trajs`` split by the hardware they were measured on: (hardware dict, positions in
+        ``trajs``) in first-seen order; one part for a single-machine database. Positions let a
+        caller put per-part results (e.g. ranker features) back in the order of ``trajs``."""
+        parts: dict[str, tuple[dict, list[int]]] = {}
+        for i, t in enumerate(trajs):
+            hw = self.hardware_of(t)
+            key = json.dumps(hw, sort_keys=True, default=str)
+            parts.setdefault(key, (hw, []))[1].append(i)
+        return list(parts.values())
 
     def subset(self, task_ids) -> "TrajectoryDataset":
         keep = set(task_ids)
@@ -146,7 +253,7 @@ class TrajectoryDataset:
             **traj.to_json(),
             "task_name": self.tasks[traj.task_id].name,
             "initial_state": self.initial_states[traj.task_id],
-            "hardware": self.hardware,
+            "hardware": self.hardware_of(traj),
         }
         if with_states:
             out["states"] = {str(s): self.state(traj, s) for s in traj.ir_steps}
@@ -181,6 +288,17 @@ class TrajectoryDataset:
         lengths = np.array([len(t.actions) for t in self.trajectories]) if self.trajectories else np.zeros(1)
         ir_lengths = np.array([len(t.ir_steps) for t in self.trajectories]) if self.trajectories else np.zeros(1)
         errors = Counter(t.error for t in self.trajectories if not t.valid)
+        per_machine = {}
+        for t in self.trajectories:
+            row = per_machine.setdefault(t.machine, {"records": 0, "valid": 0, "failed": 0, "tasks": set(),
+                                                     "valid_tasks": set(), "hardware": self.hardware_of(t)})
+            row["records"] += 1
+            row["valid" if t.valid else "failed"] += 1
+            row["tasks"].add(t.task_id)
+            if t.valid:
+                row["valid_tasks"].add(t.task_id)
+        for row in per_machine.values():
+            row["tasks"], row["valid_tasks"] = len(row["tasks"]), len(row["valid_tasks"])
         return {
             "tasks": len(self.by_task),
             "records": len(self.trajectories),
@@ -189,6 +307,7 @@ class TrajectoryDataset:
             "failure_kinds": dict(errors),
             "skipped_lines": self.skipped_lines,
             "per_task": per_task,
+            "per_machine": dict(sorted(per_machine.items(), key=lambda kv: (-kv[1]["records"], kv[0]))),
             "action_kinds": dict(kinds.most_common()),
             "length": _distribution(lengths),
             "ir_changing_length": _distribution(ir_lengths),
@@ -224,8 +343,6 @@ def _failure_index(db_dir: Path) -> dict[str, str]:
 
 def load_dataset(db_dir: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None) -> TrajectoryDataset:
     """Trajectories of every record in a MetaSchedule JSON database directory."""
-    from ..workloads.task import kind_of, task_id_of
-
     db_dir = Path(db_dir)
     raw = load_raw(db_dir)
     index = read_task_index(db_dir)
@@ -238,8 +355,6 @@ def load_dataset(db_dir: str | os.PathLike, *, cache_dir: str | os.PathLike | No
         except (OSError, ValueError, AttributeError):
             log.warning("%s is corrupt; hardware features unknown", manifest_path)
     if not hardware:
-        from ..hardware import host_cpu
-
         hardware = host_cpu().as_json()
     tasks, states, modules, ids = {}, {}, {}, []
     task_of: dict[tuple, str] = {}  # (structural id, block names) -> task id
@@ -265,13 +380,24 @@ def load_dataset(db_dir: str | os.PathLike, *, cache_dir: str | os.PathLike | No
         states[tid] = mod.script()
         modules[tid] = mod
     trajectories = []
+    machine_of_target: dict[str, tuple[str, dict]] = {}  # target JSON -> (machine, hardware)
     for i, rec in enumerate(raw.records):
         tid = ids[rec.workload_index]
         error = None
         if not rec.valid:
             error = failures.get(json.dumps(rec.trace_json, sort_keys=True), "failed")
+        key = json.dumps(rec.target_json, sort_keys=True, default=str)
+        if key not in machine_of_target:
+            machine = machine_of(rec.target_json)
+            hw = machine_hardware(rec.target_json, hardware)
+            if hw is not hardware and hw.get("kind") == "cpu" and not hw.get("simd_bits"):
+                log.warning("%s: records of unknown CPU %r (not in the manifest nor KNOWN_CPU_HARDWARE); "
+                            "its SIMD width and caches are unknown", db_dir, machine)
+            machine_of_target[key] = (machine, hw)
+        machine, hw = machine_of_target[key]
         trajectories.append(
-            Trajectory(tid, model_actions(rec.trace_json), rec.latency, error, record_index=i)
+            Trajectory(tid, model_actions(rec.trace_json), rec.latency, error, record_index=i,
+                       machine=machine, hardware=hw)
         )
     return TrajectoryDataset(tasks, states, modules, trajectories, hardware, raw.skipped_lines,
                              StateCache(cache_dir))

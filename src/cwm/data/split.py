@@ -9,38 +9,105 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CwmError
+from ..workloads.reference import HELD_OUT_SUBGRAPHS
 from .database import TaskInfo
 
-# Held-out kinds/shapes for the test split: a kind never seen in training (pooling) and
-# shapes that differ from training ones only syntactically (N=1023 vs 1024).
-_FORCED_TEST = ("max_pool2d:", "avg_pool2d:", "matmul:M=1024,N=1023,K=1024", "depthwise_conv2d:N=1,C=96,")
+# Held-out kinds/shapes for the test split: a kind never seen in training (pooling), shapes that
+# differ from training ones only syntactically (N=1023 vs 1024), and the search benchmark's subgraphs.
+_FORCED_TEST = ("max_pool2d:", "avg_pool2d:", "matmul:M=1024,N=1023,K=1024", "depthwise_conv2d:N=1,C=96,",
+                *HELD_OUT_SUBGRAPHS)
+# Two shapes are near-duplicates when they differ in one dimension by at most this fraction.
+NEAR_DUPLICATE_TOLERANCE = 0.02
 
 
-def make_split(tasks: dict[str, TaskInfo], seed: int = 0, fractions=(0.70, 0.15, 0.15)) -> dict[str, list[str]]:
+def task_shapes(modules: dict[str, object]) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """Task id -> the shapes of its PrimFunc's buffers (parameters), from the tasks' IRModules."""
+    shapes = {}
+    for tid, mod in modules.items():
+        params = mod["main"].params  # the buffers themselves in this TVM
+        shapes[tid] = tuple(tuple(int(d) for d in p.shape) for p in params if getattr(p, "shape", None) is not None)
+    return shapes
+
+
+def near_duplicates(a: tuple, b: tuple, tolerance: float = NEAR_DUPLICATE_TOLERANCE) -> bool:
+    """Same buffers and ranks, every dimension equal but one, which is off by at most ``tolerance``."""
+    if len(a) != len(b) or any(len(x) != len(y) for x, y in zip(a, b)):
+        return False
+    diffs = [(x, y) for sa, sb in zip(a, b) for x, y in zip(sa, sb) if x != y]
+    if not diffs:
+        return True
+    # one logical dimension appears in several buffers (N in B and C): every differing pair must be the same
+    return len(set(diffs)) == 1 and abs(diffs[0][0] - diffs[0][1]) <= tolerance * max(diffs[0])
+
+
+def near_duplicate_groups(tasks: dict[str, TaskInfo], shapes: dict[str, tuple]) -> list[list[str]]:
+    """Tasks grouped so that near-duplicates (same kind, ``near_duplicates`` shapes) share a group."""
+    parent = {t: t for t in tasks}
+
+    def root(t):
+        while parent[t] != t:
+            parent[t] = parent[parent[t]]
+            t = parent[t]
+        return t
+
+    ids = sorted(t for t in tasks if t in shapes)
+    for i, a in enumerate(ids):
+        for b in ids[i + 1:]:
+            if tasks[a].kind == tasks[b].kind and near_duplicates(shapes[a], shapes[b]):
+                parent[root(a)] = root(b)
+    groups: dict[str, list[str]] = {}
+    for t in sorted(tasks):
+        groups.setdefault(root(t), []).append(t)
+    return sorted(groups.values())
+
+
+def make_split(tasks: dict[str, TaskInfo], seed: int = 0, fractions=(0.70, 0.15, 0.15), *,
+               shapes: dict[str, tuple] | None = None, test_networks=(), test_kinds=()) -> dict[str, list[str]]:
     """Split task ids into train/val/test, by task, never by record.
 
-    Forced test tasks hold out an operator kind and unseen shapes; the rest is assigned by a
-    seeded shuffle stratified by operator kind so every split sees most kinds.
+    Test holds: the forced tasks (an operator kind and unseen shapes), every task of
+    ``test_networks`` (leave-network-out: those networks contribute no training task) and of
+    ``test_kinds`` (operator kinds absent from training). The rest is assigned by a seeded shuffle,
+    round-robin over operator kinds so every split sees most kinds. With ``shapes`` (see
+    ``task_shapes``) near-duplicate tasks move as one group, so they never straddle the splits.
     """
+    unknown = sorted(set(test_networks) - {t.network for t in tasks.values()})
+    if unknown:
+        raise CwmError(f"no task of network {unknown[0]!r} in the database; "
+                       f"networks: {', '.join(sorted({str(t.network) for t in tasks.values() if t.network}))}")
+    unknown = sorted(set(test_kinds) - {t.kind for t in tasks.values()})
+    if unknown:
+        raise CwmError(f"no task of kind {unknown[0]!r} in the database; "
+                       f"kinds: {', '.join(sorted({t.kind for t in tasks.values()}))}")
     rng = np.random.default_rng(seed)
-    forced = sorted(t for t, info in tasks.items() if info.name.startswith(_FORCED_TEST))
-    rest = sorted(set(tasks) - set(forced), key=lambda t: (tasks[t].kind, tasks[t].name))
+    groups = near_duplicate_groups(tasks, shapes or {})
+
+    def held_out(t: str) -> bool:
+        info = tasks[t]
+        return (info.name.startswith(_FORCED_TEST) or info.network in test_networks or info.kind in test_kinds)
+
+    forced = [g for g in groups if any(held_out(t) for t in g)]
+    rest = [g for g in groups if not any(held_out(t) for t in g)]
     n = len(tasks)
-    n_test = max(len(forced), round(fractions[2] * n))
+    n_test = max(sum(map(len, forced)), round(fractions[2] * n))
     n_val = max(1, round(fractions[1] * n)) if n >= 3 else 0
-    by_kind: dict[str, list[str]] = {}
-    for t in rest:
-        by_kind.setdefault(tasks[t].kind, []).append(t)
+    by_kind: dict[str, list[list[str]]] = {}
+    for g in sorted(rest, key=lambda g: (tasks[g[0]].kind, tasks[g[0]].name)):
+        by_kind.setdefault(tasks[g[0]].kind, []).append(g)
     # Round-robin over kinds so val/test draw from different kinds.
-    order = []
-    pools = [list(rng.permutation(v)) for _, v in sorted(by_kind.items())]
+    order: list[list[str]] = []
+    pools = [[v[i] for i in rng.permutation(len(v))] for _, v in sorted(by_kind.items())]
     while any(pools):
         for pool in pools:
             if pool:
-                order.append(str(pool.pop()))
-    test = forced + order[: max(0, n_test - len(forced))]
-    order = order[max(0, n_test - len(forced)):]
-    val, train = order[:n_val], order[n_val:]
+                order.append(pool.pop())
+    test = [t for g in forced for t in g]
+    while order and len(test) < n_test:
+        test += order.pop(0)
+    val = []
+    while order and len(val) < n_val:
+        val += order.pop(0)
+    train = [t for g in order for t in g]
     return {"train": sorted(train), "val": sorted(val), "test": sorted(test)}
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from ..io import save_figure
 
 
@@ -22,6 +24,7 @@ def format_dataset_stats(stats: dict) -> str:
         spread = f"{row['spread']:.1f}x" if row["spread"] is not None else "-"
         lines.append(f"{row['name'][:60]:<60} {row['kind']:<16} {row['valid']:>5} {row['failed']:>4} "
                      f"{best:>9} {med:>9} {spread:>7}")
+    lines.extend(format_machine_table(stats.get("per_machine") or {}))
     lines.append("")
     lines.append("action kinds:")
     total = sum(stats["action_kinds"].values()) or 1
@@ -35,6 +38,21 @@ def format_dataset_stats(stats: dict) -> str:
     return "\n".join(lines)
 
 
+def format_machine_table(per_machine: dict) -> list[str]:
+    """Lines of the per-machine block: records, valid records and tasks of each machine."""
+    if not per_machine:
+        return []
+    header = (f"{'machine':<20} {'records':>8} {'valid':>7} {'fail':>6} {'tasks':>6} {'valid tasks':>11} "
+              f"{'cores':>5} {'simd':>5} {'l2 KB':>6} {'l3 KB':>7}")
+    lines = ["", header]
+    for machine, row in per_machine.items():
+        hw = row.get("hardware") or {}
+        lines.append(f"{machine[:20]:<20} {row['records']:>8} {row['valid']:>7} {row['failed']:>6} {row['tasks']:>6} "
+                     f"{row.get('valid_tasks', '-'):>11} {hw.get('cores', '-'):>5} {hw.get('simd_bits', '-'):>5} "
+                     f"{hw.get('l2_kb', '-'):>6} {hw.get('l3_kb', '-'):>7}")
+    return lines
+
+
 def plot_dataset_stats(ds, path: str | Path) -> None:
     import matplotlib
 
@@ -42,7 +60,7 @@ def plot_dataset_stats(ds, path: str | Path) -> None:
     import matplotlib.pyplot as plt
 
     stats = ds.stats()
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    fig, axes = plt.subplots(1, 4, figsize=(21, 4.5))
     kinds = list(stats["action_kinds"].items())[:20]
     axes[0].barh([k for k, _ in kinds][::-1], [v for _, v in kinds][::-1])
     axes[0].set_title("action kinds (top 20)")
@@ -51,5 +69,14 @@ def plot_dataset_stats(ds, path: str | Path) -> None:
     spreads = [r["spread"] for r in stats["per_task"].values() if r["spread"]]
     axes[2].hist(spreads, bins=20)
     axes[2].set_title("latency spread per task (worst/best)")
+    machines = list((stats.get("per_machine") or {}).items())
+    names = [m for m, _ in machines]
+    where = np.arange(len(names))
+    axes[3].barh(where + 0.2, [r["records"] for _, r in machines], height=0.4, label="records")
+    axes[3].barh(where - 0.2, [r["valid"] for _, r in machines], height=0.4, label="valid")
+    axes[3].set_yticks(where, [f"{m} ({r['tasks']} tasks)" for m, r in machines])
+    axes[3].invert_yaxis()
+    axes[3].legend()
+    axes[3].set_title("records per machine")
     fig.tight_layout()
     save_figure(fig, path)

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -42,8 +41,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data.database import RECORD_FILE, load_raw, open_database, valid_run_secs
 from ..errors import CwmError, first_line
 from ..hardware import as_target
+from ..io import atomic_write_text
+from ..workloads.networks import get_network, relax_module
 from ..workloads.pipeline import (
     _calls_in,
     conv_layout_of,
@@ -59,7 +61,6 @@ log = logging.getLogger(__name__)
 
 SCHEDULED_ATTR = "tirx.is_scheduled"  # set by MetaScheduleApplyDatabase on every function it replaced
 LAYOUT_FREE_ATTR = "layout_free_buffers"  # set by AttachAttrLayoutFreeBuffers (weight prepacking)
-FAILED_LATENCY = 1e9  # run_secs at or above this are failed candidates (MetaSchedule writes 1e10)
 
 
 # --------------------------------------------------------------------------------------------
@@ -140,8 +141,6 @@ def _filtered_database(db_dir: Path, target) -> _UsableRecords:
     import tvm.s_tir.meta_schedule as ms
     from tvm_ffi import structural_hash
 
-    from ..data.database import RECORD_FILE, load_raw, open_database
-
     if not (db_dir / RECORD_FILE).exists():
         load_raw(db_dir)  # a clear CwmError if the workload file is missing too
         log.warning("%s has no %s: no tuning records", db_dir, RECORD_FILE)
@@ -151,7 +150,7 @@ def _filtered_database(db_dir: Path, target) -> _UsableRecords:
     dropped = 0
     for rec in json_db.get_all_tuning_records():
         secs = [float(s) for s in (rec.run_secs or [])]
-        if not secs or not all(math.isfinite(s) and 0 < s < FAILED_LATENCY for s in secs):
+        if not valid_run_secs(secs):
             continue
         rec_target = rec.target
         if rec_target is None or rec_target.kind.name != target.kind.name:
@@ -287,8 +286,6 @@ def build_network(module_or_name, db_dir=None, target=None, out_path=None,
     if not isinstance(module_or_name, (str, tvm.IRModule)):
         raise CwmError(f"build_network needs a Relax IRModule or a network name, got {type(module_or_name).__name__}")
     if isinstance(module_or_name, str):
-        from ..workloads.networks import get_network
-
         get_network(module_or_name)  # an unknown name is a CwmError before any work
     records = _UsableRecords(None)
     if db_dir is not None:
@@ -308,8 +305,6 @@ def build_network(module_or_name, db_dir=None, target=None, out_path=None,
         conv_layout = records.conv_layout or default_conv_layout(target)
 
     if isinstance(module_or_name, str):
-        from ..workloads.networks import relax_module
-
         mod = relax_module(module_or_name, target)
     else:
         mod = module_or_name
@@ -392,8 +387,6 @@ def build_network(module_or_name, db_dir=None, target=None, out_path=None,
         result.lib_path = out_path
     result.seconds = time.time() - start
     if out_path is not None:
-        from ..io import atomic_write_text
-
         atomic_write_text(sidecar_path(out_path), json.dumps(result.as_json(), indent=1) + "\n")
     return result
 

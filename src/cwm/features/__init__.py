@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from .action_features import STRUCT_NAMES, encode_actions, encode_actions_batch, structured_features_batch
+from .action_features import (
+    STRUCT_NAMES,
+    encode_actions,
+    encode_actions_batch,
+    structured_features_batch,
+)
 from .loop_nest import SCHEDULE_FEATURE_NAMES, schedule_features
 
 __all__ = [

@@ -1,10 +1,10 @@
 """Numeric features of scheduling actions (MetaSchedule trace instructions).
 
-Two views of one trajectory (a list of action dicts, see :mod:`cwm.actions`):
+Two views of one trajectory (a list of action dicts, see :mod:`cwm.schedule.actions`):
 
 * :func:`encode_actions` - one row per action: the instruction kind as an integer id into
   :data:`KNOWN_KINDS` and a fixed-width float vector of its arguments (:data:`ARG_NAMES`).
-  This is what the latent transition model (:mod:`cwm.transition`) consumes step by step.
+  This is what the latent transition model (:mod:`cwm.model.transition`) consumes step by step.
 * :func:`structured_features` - one fixed-length vector per trajectory
   (:data:`STRUCT_NAMES`): kind counts, tile-size statistics, parallel / vectorize / unroll
   extents and the like, for tree models.

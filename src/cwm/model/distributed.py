@@ -8,7 +8,7 @@ this rank's share of each epoch's mini-batches (:func:`shard`), so gradients are
 over all ranks at every step. Without a process group (a plain ``python`` run, or
 ``WORLD_SIZE`` 1) every helper here is a no-op and training is single-process as before.
 
-``torch`` is imported lazily so that ``import cwm.distributed`` stays cheap.
+``torch`` is imported lazily so that ``import cwm.model.distributed`` stays cheap.
 """
 
 from __future__ import annotations

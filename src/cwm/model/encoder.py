@@ -4,7 +4,7 @@ The text is canonicalized (comments, headers and naming noise removed), tokenize
 BPE tokenizer trained on TIR, cut into overlapping windows, run through a small RoBERTa and
 pooled. The backbone is trained contrastively: states of the same task are positives.
 
-``torch`` and ``transformers`` are imported lazily so that ``import cwm.encoder`` stays cheap.
+``torch`` and ``transformers`` are imported lazily so that ``import cwm.model.encoder`` stays cheap.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import math
 import os
 import re
 import string
-import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -25,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..compat import import_transformers
 from ..errors import CwmError
-from ..io import atomic_file
+from ..io import atomic_file, atomic_write_bytes, read_config, write_config
 from ..model import distributed
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,8 +37,7 @@ logger = logging.getLogger(__name__)
 CONFIG_FILE = "encoder_config.json"
 WEIGHTS_FILE = "encoder.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
-_FORMAT = "cwm-state-encoder"
-_FORMAT_VERSION = 1
+_FORMAT = "cwm.encoder"
 
 __all__ = [
     "EncoderConfig",
@@ -72,8 +71,6 @@ def _torch():
 
 
 def _transformers():
-    from ..compat import import_transformers
-
     _torch()
     return import_transformers()
 
@@ -364,7 +361,7 @@ class TIRTokenizer:
         """Write ``directory/tokenizer.json``; returns its path."""
         path = Path(directory) / TOKENIZER_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(path, self.to_json().encode("utf-8"))
+        atomic_write_bytes(path, self.to_json().encode("utf-8"))
         return path
 
     @classmethod
@@ -422,21 +419,6 @@ class EncoderConfig:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write via a temp file in the same directory so readers never see a partial file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def _contrastive_batches(labels: np.ndarray, batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -690,8 +672,8 @@ class StateEncoder:
     def _cache_write(self, path: Path, vec: np.ndarray) -> None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            _atomic_write(path, np.ascontiguousarray(vec, dtype=np.float32).tobytes())
-        except OSError as err:  # a cache that cannot be written must not fail encoding
+            atomic_write_bytes(path, np.ascontiguousarray(vec, dtype=np.float32).tobytes())
+        except (OSError, CwmError) as err:  # a cache that cannot be written must not fail encoding
             logger.warning("cannot write encoder cache %s: %s", path, err)
 
     # ------------------------------------------------------------------ training
@@ -712,7 +694,7 @@ class StateEncoder:
         Trains the tokenizer first if it is untrained. Records the mean loss of each epoch
         in ``history_``; stops early once ``max_seconds`` have elapsed.
 
-        Inside a torch.distributed process group (see :mod:`cwm.distributed`) the backbone and
+        Inside a torch.distributed process group (see :mod:`cwm.model.distributed`) the backbone and
         head train as one DistributedDataParallel module: each rank takes its share of every
         epoch's batches, so the contrastive loss sees the positives and negatives of its own
         batch only; the tokenizer is rank 0's, and ``history_`` is the mean over all ranks.
@@ -802,13 +784,8 @@ class StateEncoder:
         self._check_tokenizer()
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        meta = {
-            "format": _FORMAT,
-            "version": _FORMAT_VERSION,
-            "config": self.config.to_dict(),
-            "model": json.loads(self.model.config.to_json_string(use_diff=False)),
-        }
-        _atomic_write(directory / CONFIG_FILE, json.dumps(meta, indent=2, sort_keys=True).encode())
+        write_config(directory / CONFIG_FILE, _FORMAT, self.config.to_dict(),
+                     model=json.loads(self.model.config.to_json_string(use_diff=False)))
         tensors = {f"backbone.{k}": v.detach().contiguous() for k, v in self.model.state_dict().items()}
         tensors.update({f"head.{k}": v.detach().contiguous() for k, v in self.head.state_dict().items()})
         with atomic_file(directory / WEIGHTS_FILE) as tmp:
@@ -820,8 +797,6 @@ class StateEncoder:
     def load(cls, directory: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None) -> StateEncoder:
         """Restore an encoder written by ``save``; raises CwmError naming a missing or bad file."""
         from safetensors.torch import load_file
-
-        from ..io import read_config
 
         directory = Path(directory)
         config_path = directory / CONFIG_FILE

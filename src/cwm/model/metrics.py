@@ -32,6 +32,7 @@ def geomean(values: Iterable[Any]) -> float:
         return vals[0]  # exact: exp(log(x)) may miss x by an ulp, and a ratio to x then is not 1.0
     return float(np.exp(np.mean(np.log(vals))))
 
+
 __all__ = [
     "geomean",
     "as_latencies",
@@ -41,6 +42,12 @@ __all__ = [
     "topk_score",
     "spearman_within_groups",
     "evaluate_ranking",
+    "RANKING_METRICS",
+    "per_group_ranking",
+    "weighted_mean",
+    "bootstrap_indices",
+    "bootstrap_ci",
+    "bootstrap_difference",
 ]
 
 # Rows per block when comparing all pairs of a large group (bounds memory).
@@ -296,3 +303,152 @@ def evaluate_ranking(
         "top1": topk_score(scores, latencies, groups, k=1, weights=weights),
         "top5": topk_score(scores, latencies, groups, k=5, weights=weights),
     }
+
+
+# --------------------------------------------------------------------------- per-group values and bootstrap
+
+RANKING_METRICS = ("pairwise_accuracy", "ndcg@10", "top1", "top5")
+
+
+def per_group_ranking(
+    scores: Any,
+    latencies: Any,
+    groups: Any,
+    weights: Mapping[Hashable, float] | None = None,
+) -> tuple[list, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """:func:`evaluate_ranking`'s metrics group by group, with each group's weight in the aggregate.
+
+    Returns ``(labels, values, agg_weights)``: ``labels`` are the sorted group labels,
+    ``values[metric][i]`` the metric on group ``labels[i]`` alone (NaN where the group does not
+    count) and ``agg_weights[metric][i]`` that group's weight in :func:`evaluate_ranking`'s
+    aggregate: its number of comparable pairs for ``pairwise_accuracy`` (which pools pairs), 1 for
+    ``ndcg@10``, ``weights[label]`` (1 without ``weights``) for the top-k scores. So
+    ``weighted_mean(values[m], agg_weights[m])`` equals ``evaluate_ranking(...)[m]`` up to rounding,
+    and a bootstrap over groups can resample these arrays.
+    """
+    s, lat, codes, labels = _prepare(scores, latencies, groups)
+    n = len(labels)
+    values = {m: np.full(n, np.nan) for m in RANKING_METRICS}
+    agg = {m: np.zeros(n) for m in RANKING_METRICS}
+    for code, idx in _iter_groups(codes):
+        gs, gl = s[idx], lat[idx]
+        if np.all(np.isnan(gl)):
+            continue
+        valid = ~np.isnan(gl)
+        if valid.sum() >= 2:
+            c, t = _pair_counts(gs[valid], gl[valid])
+            if t:
+                values["pairwise_accuracy"][code] = c / t
+                agg["pairwise_accuracy"][code] = t
+        one = np.zeros(len(idx), dtype=np.int64)
+        values["ndcg@10"][code] = ndcg_at_k(gs, gl, one, k=10)
+        agg["ndcg@10"][code] = 1.0
+        w = _group_weight(weights, labels[code])
+        for k in (1, 5):
+            values[f"top{k}"][code] = topk_score(gs, gl, one, k=k)
+            agg[f"top{k}"][code] = w
+    return labels, values, agg
+
+
+def weighted_mean(values: Any, weights: Any = None) -> float:
+    """Mean of the finite ``values`` with ``weights`` (default equal); NaN if no weight is left."""
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    w = np.ones_like(v) if weights is None else np.asarray(weights, dtype=np.float64).reshape(-1)
+    if len(w) != len(v):
+        raise ValueError(f"values and weights must have the same length, got {len(v)} and {len(w)}")
+    keep = np.isfinite(v) & (w > 0)
+    den = float(w[keep].sum())
+    return float((w[keep] * v[keep]).sum() / den) if den > 0 else float("nan")
+
+
+def bootstrap_indices(n: int, resamples: int = 1000, seed: int = 0) -> np.ndarray:
+    """``[resamples, n]`` indices drawn with replacement from ``range(n)`` (seeded): pass the same
+    array to several :func:`bootstrap_ci` / :func:`bootstrap_difference` calls to resample the same
+    groups for each."""
+    if n < 1:
+        raise ValueError(f"need at least one value to resample, got {n}")
+    if resamples < 1:
+        raise ValueError(f"resamples must be >= 1, got {resamples}")
+    return np.random.default_rng(seed).integers(0, n, size=(int(resamples), int(n)))
+
+
+def _resampled_means(v: np.ndarray, w: np.ndarray, keep: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    ww = np.where(keep, w, 0.0)[idx]
+    vv = np.where(keep, v, 0.0)[idx]
+    den = ww.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, (ww * vv).sum(axis=1) / den, np.nan)
+
+
+def _interval(point: float, stats: np.ndarray, confidence: float) -> tuple[float, float, float]:
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    stats = stats[np.isfinite(stats)]
+    if not np.isfinite(point) or not len(stats):
+        return float(point), float("nan"), float("nan")
+    alpha = 100 * (1 - confidence) / 2
+    lo, hi = np.percentile(stats, [alpha, 100 - alpha])
+    return float(point), float(lo), float(hi)
+
+
+def _as_arrays(values: Any, weights: Any) -> tuple[np.ndarray, np.ndarray]:
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    w = np.ones_like(v) if weights is None else np.asarray(weights, dtype=np.float64).reshape(-1)
+    if len(w) != len(v):
+        raise ValueError(f"values and weights must have the same length, got {len(v)} and {len(w)}")
+    if np.any(~np.isfinite(w) | (w < 0)):
+        raise ValueError("weights must be finite and >= 0")
+    return v, w
+
+
+def bootstrap_ci(
+    values: Any,
+    weights: Any = None,
+    *,
+    resamples: int = 1000,
+    confidence: float = 0.9,
+    seed: int = 0,
+    indices: np.ndarray | None = None,
+) -> tuple[float, float, float]:
+    """Percentile-bootstrap interval of the weighted mean of per-group metric values.
+
+    ``values[i]`` is a metric on group (task) ``i``, ``weights[i]`` its weight in the aggregate
+    (see :func:`per_group_ranking`); groups are resampled with replacement ``resamples`` times
+    (or along the rows of ``indices``, from :func:`bootstrap_indices`). Non-finite values do not
+    count. Returns ``(mean, lo, hi)``: the weighted mean of the given groups and the
+    ``confidence`` interval of the resampled means (NaN bounds if nothing counts).
+    """
+    v, w = _as_arrays(values, weights)
+    keep = np.isfinite(v) & (w > 0)
+    point = weighted_mean(v, w)
+    if indices is None:
+        indices = bootstrap_indices(len(v), resamples, seed)
+    return _interval(point, _resampled_means(v, w, keep, indices), confidence)
+
+
+def bootstrap_difference(
+    a: Any,
+    b: Any,
+    weights: Any = None,
+    *,
+    resamples: int = 1000,
+    confidence: float = 0.9,
+    seed: int = 0,
+    indices: np.ndarray | None = None,
+) -> tuple[float, float, float]:
+    """Paired bootstrap of ``mean(a) - mean(b)``: two scorers' per-group values on the same groups.
+
+    Each resample draws one set of groups and takes both weighted means on it, so what the two
+    scorers share (easy and hard tasks) cancels. Groups where either value is non-finite do not
+    count. Returns ``(difference, lo, hi)``; a scorer against itself gives exactly ``(0, 0, 0)``.
+    """
+    va, w = _as_arrays(a, weights)
+    vb, _ = _as_arrays(b, weights)
+    if len(va) != len(vb):
+        raise ValueError(f"a and b must have the same length, got {len(va)} and {len(vb)}")
+    keep = np.isfinite(va) & np.isfinite(vb) & (w > 0)
+    point = weighted_mean(np.where(keep, va, np.nan), w) - weighted_mean(np.where(keep, vb, np.nan), w)
+    if indices is None:
+        indices = bootstrap_indices(len(va), resamples, seed)
+    stats = _resampled_means(va, w, keep, indices) - _resampled_means(vb, w, keep, indices)
+    return _interval(point, stats, confidence)

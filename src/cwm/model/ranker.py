@@ -17,7 +17,6 @@ Typical use::
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import CwmError
+from ..io import read_config, write_config
 from .metrics import as_latencies, group_codes
 
 __all__ = [
@@ -38,8 +38,7 @@ __all__ = [
 
 MODEL_FILE = "ranker.json"
 CONFIG_FILE = "ranker_config.json"
-_FORMAT = "cwm-lambda-ranker"
-_FORMAT_VERSION = 1
+_FORMAT = "cwm.ranker"
 _OBJECTIVES = ("rank:ndcg", "rank:pairwise")
 _PAIR_METHODS = ("topk", "mean")
 # XGBoost's NDCG with exponential gain requires labels < 32.
@@ -392,17 +391,10 @@ class LambdaRanker:
         try:
             d.mkdir(parents=True, exist_ok=True)
             self.booster_.save_model(str(d / MODEL_FILE))
-            meta = {
-                "format": _FORMAT,
-                "version": _FORMAT_VERSION,
-                "config": self.config.to_dict(),
-                "n_features": self.n_features_,
-                "feature_names": self.feature_names_,
-                "num_boosted_rounds": self.num_boosted_rounds,
-                "history": self.history_,
-            }
-            (d / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-        except OSError as e:
+            write_config(d / CONFIG_FILE, _FORMAT, self.config.to_dict(), n_features=self.n_features_,
+                         feature_names=self.feature_names_, num_boosted_rounds=self.num_boosted_rounds,
+                         history=self.history_)
+        except (OSError, CwmError) as e:
             raise CwmError(f"cannot write ranker to {d}: {e}") from None
         return d
 
@@ -411,17 +403,10 @@ class LambdaRanker:
         """Restore a ranker written by :meth:`save`."""
         import xgboost as xgb
 
-        from ..io import read_config
-
         d = Path(directory)
         cfg_path = d / CONFIG_FILE
         model_path = d / MODEL_FILE
         meta = read_config(d, CONFIG_FILE, (MODEL_FILE,), _FORMAT, "ranker")
-        if meta.get("version") != _FORMAT_VERSION:
-            raise CwmError(
-                f"{cfg_path} has format version {meta.get('version')}, "
-                f"this cwm reads version {_FORMAT_VERSION}"
-            )
         try:
             config = RankerConfig.from_dict(meta["config"])
             n_features = int(meta["n_features"])

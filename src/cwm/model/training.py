@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data.dataset import load_dataset
 from ..errors import CwmError
 from ..model import distributed
 
@@ -121,19 +122,48 @@ def transition_data(ds, encoder, per_task: int, steps_per_traj: int, rng, progre
     return z0, [t.actions for t, _ in chosen], targets
 
 
-def ranker_arrays(model, ds, final_latents: dict | None = None):
-    """Features, latencies and group labels of every valid record of ``ds``, task by task."""
-    xs, lats, groups = [], [], []
+def ranking_group(task_id: str, machine: str, several_machines: bool) -> str:
+    """The group a record is ranked within: its task, and its machine when the data has several
+    (latencies of one task on two machines are not comparable)."""
+    return f"{task_id}@{machine}" if several_machines else task_id
+
+
+def group_task(group: str) -> str:
+    """The task id of a ranking group (see ``ranking_group``)."""
+    return str(group).split("@")[0]
+
+
+def group_weights(ds, groups) -> dict:
+    """Each ranking group's weight: its task's (see ``ranking_group``)."""
+    return {g: ds.tasks[group_task(g)].weight for g in set(groups)}
+
+
+def ranked_trajectories(ds) -> list[tuple[str, list]]:
+    """The valid records of ``ds`` in the order ``ranker_arrays`` gives them: task by task, and within a
+    task machine by machine (record order within each)."""
+    several = len({t.machine for t in ds.trajectories if t.valid}) > 1
+    out = []
     for tid, trajs in sorted(ds.by_task.items()):
         trajs = [t for t in trajs if t.valid]
-        if not trajs:
-            continue
-        finals = None
-        if final_latents is not None:
-            finals = np.stack([final_latents[t.record_index] for t in trajs])
-        xs.append(model.features(ds.initial_states[tid], [t.actions for t in trajs], ds.hardware, finals))
-        lats.extend(t.latency for t in trajs)
-        groups.extend([tid] * len(trajs))
+        if trajs:
+            out.append((tid, sorted(trajs, key=lambda t: t.machine) if several else trajs))
+    return out
+
+
+def ranker_arrays(model, ds, final_latents: dict | None = None):
+    """Features, latencies and group labels of every valid record of ``ds``, task by task; each record
+    gets the hardware features of the machine it was measured on, and is grouped by ``ranking_group``."""
+    xs, lats, groups = [], [], []
+    several = len({t.machine for t in ds.trajectories if t.valid}) > 1
+    for tid, trajs in ranked_trajectories(ds):
+        for hardware, rows in ds.by_hardware(trajs):
+            part = [trajs[i] for i in rows]
+            finals = None
+            if final_latents is not None:
+                finals = np.stack([final_latents[t.record_index] for t in part])
+            xs.append(model.features(ds.initial_states[tid], [t.actions for t in part], hardware, finals))
+            lats.extend(t.latency for t in part)
+            groups.extend(ranking_group(tid, t.machine, several) for t in part)
     if not xs:
         raise CwmError("no valid records to build ranker features from")
     return np.concatenate(xs), np.asarray(lats, dtype=float), np.asarray(groups)
@@ -159,7 +189,7 @@ def train(db_dir, split: dict, out_dir, settings: TrainSettings | None = None, *
 
     Under ``torchrun --nproc_per_node N`` (``WORLD_SIZE`` > 1) the processes join a gloo
     process group and train E and F data-parallel (DistributedDataParallel, see
-    :mod:`cwm.distributed`). Every rank builds the same corpus from the same seed. The ranker
+    :mod:`cwm.model.distributed`). Every rank builds the same corpus from the same seed. The ranker
     (XGBoost) is not data-parallel: rank 0 alone fits it, validates and writes ``out_dir``;
     the other ranks wait at a barrier, then return the model loaded from ``out_dir`` with a
     report that has no ranker or validation entries.
@@ -173,12 +203,11 @@ def _train(db_dir, split: dict, out_dir, settings: TrainSettings | None, *, prog
 
     import torch
 
-    from ..data.dataset import load_dataset
     from .encoder import EncoderConfig, StateEncoder
     from .metrics import evaluate_ranking
     from .ranker import LambdaRanker
     from .transition import Transition, TransitionConfig
-    from .world_model import WorldModel, WorldModelConfig, check_output_dir
+    from .world_model import TRAIN_SPLIT_FILE, WorldModel, WorldModelConfig, check_output_dir
 
     settings = settings or TrainSettings()
     progress = progress and distributed.is_main()
@@ -243,14 +272,15 @@ def _train(db_dir, split: dict, out_dir, settings: TrainSettings | None, *, prog
     report.seconds["ranker"] = time.time() - t
     if val_ds.trajectories:
         X, y, g = ranker_arrays(model, val_ds)
-        weights = {tid: ds.tasks[tid].weight for tid in val_ds.by_task}
-        report.validation = evaluate_ranking(model.ranker.predict(X), y, g, weights)
+        report.validation = evaluate_ranking(model.ranker.predict(X), y, g, group_weights(ds, g))
     report.seconds["total"] = time.time() - t0
     report.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    model.config.trained_on = {"database": str(db_dir), **report.counts, "settings": asdict(settings)}
+    model.config.trained_on = {"database": str(db_dir), **report.counts, "machines": sorted(ds.machines),
+                               "settings": asdict(settings)}
     model.config.metrics = {"validation": report.validation}
     # Atomic: out_dir is the complete old model or the complete new one, even after a kill.
     model.save(out_dir, extra_files={
-        "train_report.json": json.dumps(report.as_json(), indent=1, default=float) + "\n"})
+        "train_report.json": json.dumps(report.as_json(), indent=1, default=float) + "\n",
+        TRAIN_SPLIT_FILE: json.dumps({k: sorted(split.get(k, [])) for k in ("train", "val")}, indent=1) + "\n"})
     distributed.barrier()  # let the other ranks load the saved model
     return model, report

@@ -6,7 +6,7 @@ The initial program is encoded once to a latent ``z0`` (size ``d``); each schedu
     w(a) = normalize(W_w a),  d(a) = W_d a,  z' = z - (w . z) w + d(a)
 
 (optionally plus a small residual MLP of ``(z, a)``), where ``a`` is the action vector of
-:class:`ActionEmbedding` over :func:`cwm.action_features.encode_actions` features. The
+:class:`ActionEmbedding` over :func:`cwm.features.action_features.encode_actions` features. The
 predicted terminal state ``z_T`` is what the downstream ranker sees.
 
 Training (:class:`Transition`) supervises the rollout with the encoded true intermediate
@@ -17,7 +17,6 @@ plus a margin ranking term against the true states of the other trajectories of 
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import sys
 import time
@@ -38,13 +37,14 @@ from ..features.action_features import (
     encode_actions,
     encode_actions_batch,
 )
+from ..io import read_config, write_config
 from ..model import distributed
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "transition_config.json"
 WEIGHTS_FILE = "transition.safetensors"
-FORMAT = "cwm.transition/1"
+FORMAT = "cwm.transition"
 
 
 # --------------------------------------------------------------------------------------------
@@ -336,7 +336,7 @@ def encode_batch(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``pad_batch([encode_actions(a) for a in actions_list])``: featurize once, predict often.
 
-    Uses :func:`cwm.action_features.encode_actions_batch` (cached, padded in one go)."""
+    Uses :func:`cwm.features.action_features.encode_actions_batch` (cached, padded in one go)."""
     b = encode_actions_batch(actions_list)
     return torch.from_numpy(b["kind"]), torch.from_numpy(b["args"]), torch.from_numpy(b["mask"])
 
@@ -499,7 +499,7 @@ class Transition:
         continues from its weights (fine-tuning) instead of a fresh initialization; ``epochs``
         overrides the configured number.
 
-        Inside a torch.distributed process group (see :mod:`cwm.distributed`) the model trains
+        Inside a torch.distributed process group (see :mod:`cwm.model.distributed`) the model trains
         as a DistributedDataParallel module, each rank on its share of every epoch's batches
         (batches without targets are left out first); ``history_`` averages over all ranks.
         """
@@ -697,14 +697,8 @@ class Transition:
         model = self._check_fitted()
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        meta = {
-            "format": FORMAT,
-            "config": self.config.to_dict(),
-            "known_kinds": list(KNOWN_KINDS),
-            "arg_names": list(ARG_NAMES),
-            "history": self.history_,
-        }
-        (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        write_config(directory / CONFIG_FILE, FORMAT, self.config.to_dict(), known_kinds=list(KNOWN_KINDS),
+                     arg_names=list(ARG_NAMES), history=self.history_)
         state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
         save_file(state, str(directory / WEIGHTS_FILE), metadata={"format": FORMAT})
         return directory
@@ -712,8 +706,6 @@ class Transition:
     @classmethod
     def load(cls, directory: str | Path) -> "Transition":
         from safetensors.torch import load_file
-
-        from ..io import read_config
 
         directory = Path(directory)
         cfg_path = directory / CONFIG_FILE

@@ -11,6 +11,7 @@ structured action features and the hardware features, so they differ only in the
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -21,19 +22,20 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CwmError
+from ..features.action_features import STRUCT_NAMES, structured_features_batch
+from ..features.loop_nest import SCHEDULE_FEATURE_NAMES, schedule_features
+from ..hardware import HARDWARE_FEATURE_NAMES, host_cpu
+from ..io import atomic_directory, atomic_write_text
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "world_model.json"
+TRAIN_SPLIT_FILE = "train_split.json"  # beside the model: the split it was trained on
 LATENTS = ("rollout", "final", "initial", "none")
 
 
 def feature_names(latent_dim: int, latent: str) -> list[str]:
-    from ..features.action_features import STRUCT_NAMES
-    from ..features.loop_nest import SCHEDULE_FEATURE_NAMES
-    from ..hardware import HARDWARE_FEATURE_NAMES
-
     z = [] if latent == "none" else [f"z{i}" for i in range(latent_dim)]
     return (z + [f"act:{n}" for n in STRUCT_NAMES] + [f"sched:{n}" for n in SCHEDULE_FEATURE_NAMES]
             + [f"hw:{n}" for n in HARDWARE_FEATURE_NAMES])
@@ -53,12 +55,10 @@ def default_model_dir(hardware: dict | None = None) -> Path:
     """The shipped model trained on the machine most like ``hardware`` (default: this host's CPU).
 
     The same LLVM CPU name first, then the same SIMD width, else ``default``: a ranking learned on
-    one machine need not hold on another (README: the Zen 3 search and end to end).
+    one machine need not hold on another (benchmarks/results/search_zen3/NOTES.md).
     """
     models = shipped_models()
     if hardware is None:
-        from ..hardware import host_cpu
-
         hardware = host_cpu().as_json()
     trained = {name: json.loads((path / CONFIG_FILE).read_text()).get("hardware") or {}
                for name, path in models.items()}
@@ -70,6 +70,19 @@ def default_model_dir(hardware: dict | None = None) -> Path:
             if here and trained[name].get(key) == here and trained[name].get("kind") == kind:
                 return models[name]
     return models["default"]
+
+
+def training_tasks(directory: str | Path) -> set[str] | None:
+    """Ids of the tasks a model directory was trained or validated on (its ``train_split.json``), or
+    None when the model does not say."""
+    path = Path(directory) / TRAIN_SPLIT_FILE
+    if not path.is_file():
+        return None
+    try:
+        split = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise CwmError(f"{path} is corrupt: {err}") from None
+    return set(split.get("train", [])) | set(split.get("val", []))
 
 
 def check_output_dir(directory: str | Path) -> None:
@@ -92,6 +105,20 @@ class WorldModelConfig:
     hardware: dict = field(default_factory=dict)  # the machine the training data came from
     trained_on: dict = field(default_factory=dict)  # dataset summary, for the record
     metrics: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "WorldModelConfig":
+        """The config from ``to_dict``'s output; unknown keys are an error, missing ones keep their defaults."""
+        if not isinstance(data, dict):
+            raise CwmError(f"a world model config is a JSON object, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise CwmError(f"unknown world model config key {unknown[0]!r}; known: {', '.join(sorted(known))}")
+        return cls(**data)
 
 
 class WorldModel:
@@ -123,8 +150,6 @@ class WorldModel:
         return self._z0_cache[key]
 
     def hardware_vector(self, hardware: dict | None) -> np.ndarray:
-        from ..hardware import HARDWARE_FEATURE_NAMES
-
         hw = dict(hardware or self.config.hardware)
         hw.setdefault("is_gpu", 1 if hw.get("kind") == "cuda" else 0)
         return np.array([float(hw.get(n, 0) or 0) for n in HARDWARE_FEATURE_NAMES], dtype=np.float32)
@@ -132,9 +157,6 @@ class WorldModel:
     def features(self, initial_text: str, actions_list: list[list[dict]], hardware: dict | None = None,
                  final_latents: np.ndarray | None = None) -> np.ndarray:
         """Ranker features of candidates that share one initial state."""
-        from ..features.action_features import structured_features_batch
-        from ..features.loop_nest import schedule_features
-
         n = len(actions_list)
         parts = []
         latent = self.config.latent
@@ -161,13 +183,18 @@ class WorldModel:
             return np.zeros(0, dtype=np.float32)
         return self.ranker.predict(self.features(initial_text, actions_list, hardware, final_latents))
 
+    def with_transition(self, transition) -> "WorldModel":
+        """The same E and R with another transition F (e.g. fine-tuned on one task); E(s0) stays cached
+        for both, since it does not depend on F."""
+        other = WorldModel(self.encoder, transition, self.ranker, self.config)
+        other._z0_cache = self._z0_cache
+        return other
+
     # -- persistence ----------------------------------------------------------------------
     def save(self, directory: str | Path, extra_files: dict[str, str] | None = None) -> Path:
         """Write the model directory atomically: a reader (or a run killed meanwhile) sees no
         directory, the complete old one or the complete new one. ``extra_files`` (name -> text)
         are written into it too (e.g. the training report)."""
-        from ..io import atomic_directory
-
         final = Path(directory)
         check_output_dir(final)
         with atomic_directory(final) as directory:
@@ -177,8 +204,6 @@ class WorldModel:
         return final
 
     def _save_into(self, directory: Path) -> None:
-        from ..io import atomic_write_text
-
         self.encoder.save(directory / "encoder")
         if self.transition is not None:
             self.transition.save(directory / "transition")
@@ -190,15 +215,28 @@ class WorldModel:
             "latent_dim": self.latent_dim,
             "feature_layout": layout_id(names),
             "n_features": len(names),
-            "hardware": self.config.hardware,
-            "trained_on": self.config.trained_on,
-            "metrics": self.config.metrics,
+            **{k: v for k, v in self.config.to_dict().items() if k != "latent"},
         }
         atomic_write_text(directory / CONFIG_FILE, json.dumps(meta, indent=1) + "\n")
 
     @classmethod
+    def from_pretrained(cls, name_or_path: str | Path | None = None) -> "WorldModel":
+        """A shipped model by name (see ``shipped_models``: ``default``, ``znver3``), or a model directory;
+        with no argument, the shipped model picked for this host (``default_model_dir``)."""
+        if name_or_path is None:
+            return cls.load()
+        shipped = shipped_models()
+        path = Path(name_or_path)
+        if isinstance(name_or_path, str) and name_or_path in shipped and not path.exists():
+            return cls.load(shipped[name_or_path])
+        if not path.exists() and isinstance(name_or_path, str) and "/" not in name_or_path:
+            raise CwmError(f"no world model named {name_or_path!r} and no such directory; "
+                           f"shipped models: {', '.join(shipped)}")
+        return cls.load(path)
+
+    @classmethod
     def load(cls, directory: str | Path | None = None) -> "WorldModel":
-        """Load a model directory; with no argument, the model shipped inside the package."""
+        """Load a model directory; with no argument, the model shipped inside the package for this host."""
         from .encoder import StateEncoder
         from .ranker import LambdaRanker
         from .transition import Transition
@@ -238,6 +276,6 @@ class WorldModel:
         if ranker.n_features_ != len(names):
             raise CwmError(f"{directory / 'ranker'} expects {ranker.n_features_} features, "
                            f"the layout has {len(names)}")
-        config = WorldModelConfig(latent=latent, hardware=meta.get("hardware", {}),
-                                  trained_on=meta.get("trained_on", {}), metrics=meta.get("metrics", {}))
+        config = WorldModelConfig.from_dict({k: meta[k] for k in ("hardware", "trained_on", "metrics") if k in meta}
+                                            | {"latent": latent})
         return cls(encoder, transition, ranker, config)

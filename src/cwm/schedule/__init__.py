@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from .actions import actions_from_trace_json, changes_ir, model_actions, replay, replay_states, trace_key, trace_to_json
+from .actions import (
+    actions_from_trace_json,
+    changes_ir,
+    model_actions,
+    replay,
+    replay_states,
+    trace_key,
+    trace_to_json,
+)
 from .tir import block_names, workload_module
 
 __all__ = [

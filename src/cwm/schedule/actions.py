@@ -262,6 +262,5 @@ def replay_states(mod, actions: list[dict], steps: list[int] | None = None) -> d
     return {t: replay(mod, actions, t).mod.script() for t in steps}
 
 
-
 def trace_key(trace_json) -> str:
     return json.dumps(trace_json, sort_keys=True, separators=(",", ":"))

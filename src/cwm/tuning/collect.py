@@ -14,9 +14,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..data.database import FAILURE_FILE, load_raw, open_database, write_task_index
+from ..data.database import (
+    FAILURE_FILE,
+    load_raw,
+    merge_database,
+    open_database,
+    task_ids,
+    write_task_index,
+)
 from ..errors import CwmError
-from ..schedule.actions import trace_key
+from ..hardware import hardware_for_target, make_target
+from ..io import atomic_write_text
+from ..schedule.actions import trace_key, trace_to_json
+from ..workloads import resolve_task
 from .context import tune_context
 from .measure import EvaluatorSettings, error_kind, make_builder, make_runner
 
@@ -50,8 +60,6 @@ class CollectReport:
 
 def existing_counts(db_dir: Path) -> dict[str, int]:
     """Records already in the database per task id (valid and failed)."""
-    from ..data.database import task_ids
-
     raw = load_raw(db_dir, missing_ok=True)
     ids = task_ids(raw)
     counts: dict[str, int] = {}
@@ -71,8 +79,6 @@ def collected_task_ids(db_dirs) -> set[str]:
 
 def log_failures(failure_path: Path, task_id: str, measure_candidates, builder_results, runner_results) -> int:
     """Append a line (task, error kind, last lines of the message, trace) per failed candidate."""
-    from ..schedule.actions import trace_to_json
-
     lines = []
     for cand, b, r in zip(measure_candidates, builder_results, runner_results):
         kind = error_kind(b.error_msg, r.error_msg)
@@ -93,8 +99,6 @@ def log_failures(failure_path: Path, task_id: str, measure_candidates, builder_r
 
 def measured_trace_keys(db_dir: Path) -> dict[str, set[str]]:
     """Task id -> keys (see ``trace_key``) of the records already in a database directory."""
-    from ..data.database import task_ids
-
     raw = load_raw(db_dir, missing_ok=True)
     ids = task_ids(raw)
     keys: dict[str, set[str]] = {}
@@ -179,8 +183,6 @@ def collect(
     """
     from tqdm import tqdm
 
-    from ..hardware import hardware_for_target, make_target
-
     if n_random < 0 or n_evolutionary < 0 or n_random + n_evolutionary == 0:
         raise CwmError("collect needs a positive number of candidates per task")
     if batch <= 0:
@@ -262,8 +264,6 @@ def _merge_shards(db_dir: Path) -> int:
     """Fold every shard database into ``db_dir`` (failures too), then remove the shards."""
     import shutil
 
-    from ..data.database import merge_database
-
     added = 0
     root = db_dir / SHARD_DIR
     for shard in sorted(p for p in root.glob("*") if p.is_dir()) if root.is_dir() else []:
@@ -279,9 +279,6 @@ def _merge_shards(db_dir: Path) -> int:
 
 def _collect_shard(tasks, shard_dir: str, base_dir: str, kwargs: dict) -> dict:
     """One worker process of a parallel collection."""
-    from ..hardware import make_target
-    from ..workloads import resolve_task
-
     target = kwargs.pop("target")
 
     tgt = make_target(json.loads(target))
@@ -296,8 +293,6 @@ def _collect_parallel(tasks, db_dir: Path, *, jobs: int, n_random, n_evolutionar
     from concurrent.futures import ProcessPoolExecutor, wait
 
     from tqdm import tqdm
-
-    from ..hardware import hardware_for_target
 
     open_database(db_dir)
     _write_manifest(db_dir, target, hardware_for_target(target))
@@ -340,8 +335,6 @@ def _collect_parallel(tasks, db_dir: Path, *, jobs: int, n_random, n_evolutionar
 def _write_manifest(db_dir: Path, target, hw) -> None:
     """Record where the measurements were taken; refuse to mix machines in one database."""
     import tvm
-
-    from ..io import atomic_write_text
 
     path = db_dir / "manifest.json"
     info = {

@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import logging
 
-from ..schedule.actions import trace_key
+from ..hardware import physical_cores
+from ..schedule.actions import trace_key, trace_to_json
 
 log = logging.getLogger(__name__)
-
-
 
 
 def tune_context(task, target, strategy: str, seed: int, num_threads: int | None = None,
                  measured: set[str] | None = None):
     """A TuneContext; with ``measured`` (trace keys), the search skips candidates measured before."""
     import tvm.s_tir.meta_schedule as ms
-
-    from ..hardware import physical_cores
 
     search = strategy
     if measured is not None:
@@ -42,8 +39,6 @@ def _dedup_search(inner, seen: set[str], max_rounds: int = 8):
     """
     import tvm.s_tir.meta_schedule as ms
     from tvm.ir.utils import derived_object
-
-    from ..schedule.actions import trace_to_json
 
     @derived_object
     class DedupSearch(ms.search_strategy.PySearchStrategy):

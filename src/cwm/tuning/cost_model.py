@@ -11,7 +11,19 @@ import numpy as np
 import tvm.s_tir.meta_schedule as ms
 from tvm.ir.utils import derived_object
 
+from ..data.database import valid_run_secs
 from ..errors import CwmError
+from ..hardware import hardware_for_target, machine_difference
+from ..schedule.actions import (
+    changes_ir,
+    model_actions,
+    replay,
+    replay_states,
+    trace_json_from_text,
+    trace_json_text,
+    trace_to_json,
+)
+from ..workloads.task import task_id_of
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +120,6 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
         self._rows: dict[tuple[str, bytes], np.ndarray] = {}
 
     def _task(self, context) -> tuple[str, str]:
-        from ..workloads.task import task_id_of
-
         key = id(context.mod)
         if key not in self._initial:
             self._initial[key] = (task_id_of(context.mod), context.mod.script())
@@ -117,13 +127,11 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
 
     def _hardware(self, context) -> dict | None:
         if self.hardware is None and context.target is not None:
-            from ..hardware import hardware_for_target, machine_difference
-
             self.hardware = hardware_for_target(context.target).as_json()
             difference = machine_difference(self.model.config.hardware, self.hardware)
             if difference:
                 # Its pretrained ranking encodes the training machine's preferences; they need not
-                # hold here (README: the Zen 3 search), and the online updates only see what it picks.
+                # hold here (benchmarks/results/search_zen3/NOTES.md), and the online updates only see what it picks.
                 log.warning("the world model was trained on measurements from another machine (%s); its "
                             "ranking may not transfer: `cwm collect` and `cwm train` on this machine give it "
                             "measurements of its own", difference)
@@ -132,12 +140,6 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
     def _features(self, context, candidates) -> tuple[str, np.ndarray]:
         """Feature rows of the candidates; rows of traces seen before come from the cache."""
         import hashlib
-
-        from ..schedule.actions import (
-            model_actions,
-            trace_json_from_text,
-            trace_json_text,
-        )
 
         with gc_paused():  # every candidate decoded here: see gc_paused
             tid, text = self._task(context)
@@ -172,7 +174,7 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
         valid = []
         for i, (row, res) in enumerate(zip(X, results)):
             secs = [float(s) for s in res.run_secs] if res.run_secs is not None else []
-            if res.error_msg is None and secs and all(0 < s < 1e9 for s in secs):
+            if res.error_msg is None and valid_run_secs(secs):
                 store["X"].append(row)
                 store["latency"].append(float(np.median(secs)))
                 valid.append(i)
@@ -183,13 +185,6 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
 
     def _add_targets(self, context, tid: str, candidates) -> None:
         """Actions and encoded true intermediate states of newly measured candidates."""
-        from ..schedule.actions import (
-            changes_ir,
-            model_actions,
-            replay_states,
-            trace_to_json,
-        )
-
         store = self.measured[tid]
         for cand in candidates:
             actions = model_actions(trace_to_json(cand.sch.trace))
@@ -222,15 +217,8 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
                        epochs=self.finetune_epochs)
         self._use_transition(tid, transition, text, self._hardware(context))
 
-    def _task_model(self, transition):
-        from ..model.world_model import WorldModel
-
-        task_model = WorldModel(self.model.encoder, transition, self.model.ranker, self.model.config)
-        task_model._z0_cache = self.model._z0_cache  # E(s0) does not depend on F
-        return task_model
-
     def _use_transition(self, tid: str, transition, text: str, hardware) -> None:
-        task_model = self.task_models[tid] = self._task_model(transition)
+        task_model = self.task_models[tid] = self.model.with_transition(transition)
         self._rows = {k: v for k, v in self._rows.items() if k[0] != tid}
         self.measured[tid]["X"] = list(task_model.features(text, self.measured[tid]["actions"], hardware))
 
@@ -294,7 +282,7 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
         for tid, state in weights.items():
             transition = copy.deepcopy(self.model.transition)
             transition.model_.load_state_dict(state)
-            self.task_models[tid] = self._task_model(transition)
+            self.task_models[tid] = self.model.with_transition(transition)
         self.adapted = {}
         for tid in self.measured:
             self._adapt(tid)
@@ -302,8 +290,6 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
 
 def measure_candidates(mod, actions_list) -> list:
     """MetaSchedule MeasureCandidates of recorded action sequences on ``mod``."""
-    from ..schedule.actions import replay
-
     args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
     return [ms.MeasureCandidate(replay(mod, actions), args_info) for actions in actions_list]
 

@@ -6,6 +6,8 @@ import socket
 from dataclasses import dataclass
 
 from ..errors import CwmError
+from ..hardware import physical_cores
+from ..schedule.actions import actions_from_trace_json, replay
 
 
 def build_without_tensor_intrin(mod, target, _params):
@@ -24,8 +26,6 @@ def build_without_tensor_intrin(mod, target, _params):
 
 def make_builder(max_workers: int | None = None, timeout_sec: float = 60.0):
     import tvm.s_tir.meta_schedule as ms
-
-    from ..hardware import physical_cores
 
     return ms.builder.LocalBuilder(
         max_workers=max_workers or physical_cores(),
@@ -172,8 +172,6 @@ def random_arguments(mod, device) -> list:
 def compile_schedule(task, trace_json, target):
     """Build the schedule a trace gives on a task's module; returns (runtime module, arguments)."""
     import tvm
-
-    from ..schedule.actions import actions_from_trace_json, replay
 
     sch = replay(task.mod, actions_from_trace_json(trace_json))
     lib = build_without_tensor_intrin(sch.mod, target, None)

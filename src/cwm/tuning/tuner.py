@@ -13,14 +13,31 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..data.database import FAILURE_FILE, open_database
+from ..data.database import FAILURE_FILE, open_database, write_task_index
+from ..data.dataset import load_dataset
 from ..errors import CwmError
-from ..io import atomic_write_text
-from .measure import EvaluatorSettings, error_kind, make_builder, make_runner
+from ..hardware import make_target
+from ..io import atomic_write_text, save_figure
+from ..schedule.actions import (
+    actions_from_trace_json,
+    replay,
+    trace_json_from_actions,
+    trace_to_json,
+)
+from ..workloads import Task, resolve_task
+from ..workloads.networks import LAYOUT_TRIALS_PER_TASK, tunable
+from .collect import existing_counts, log_failures, measured_trace_keys
+from .context import tune_context
+from .measure import (
+    EvaluatorSettings,
+    compile_schedule,
+    error_kind,
+    make_builder,
+    make_runner,
+)
+from .registry import check_cost_model, create_cost_model
 
 log = logging.getLogger(__name__)
-
-COST_MODELS = ("cwm", "xgb", "xgb-pretrained", "random")
 
 
 @dataclass
@@ -54,45 +71,9 @@ class TuneResult:
         }
 
 
-def make_cost_model(kind: str, model_path=None, seed: int = 0, finetune_transition: bool = False):
-    """A timed cost model by name; ``model_path`` is the world model directory for ``cwm`` and
-    the saved XGBModel file for ``xgb-pretrained``. ``finetune_transition`` (``cwm`` only) also
-    fine-tunes the transition online on each task's measured candidates."""
-    if finetune_transition and kind != "cwm":
-        raise CwmError(f"only the cwm cost model has a transition to fine-tune, not {kind!r}")
-    import tvm.s_tir.meta_schedule as ms
-    from tvm.s_tir.meta_schedule.cost_model.xgb_model import XGBConfig
-
-    from .cost_model import TimedCostModel
-
-    if kind == "xgb":
-        return TimedCostModel(ms.cost_model.XGBModel(config=XGBConfig(seed=seed)))
-    if kind == "xgb-pretrained":
-        if model_path is None or not Path(model_path).is_file():
-            raise CwmError(f"xgb-pretrained needs a saved XGBModel file, got {model_path}")
-        model = ms.cost_model.XGBModel(config=XGBConfig(seed=seed))
-        try:
-            model.load(str(model_path))
-        except Exception as err:  # XGBModel.load untars the file and raises RuntimeError or TVM errors
-            lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
-            raise CwmError(f"{model_path} is not a saved XGBModel: {' '.join(lines[:2])}") from None
-        return TimedCostModel(model)
-    if kind == "random":
-        return TimedCostModel(ms.cost_model.RandomModel(seed=seed))
-    if kind == "cwm":
-        from ..model.world_model import WorldModel
-        from .cost_model import WorldModelCostModel
-
-        return TimedCostModel(WorldModelCostModel(WorldModel.load(model_path), seed=seed,
-                                                  finetune_transition=finetune_transition))
-    raise CwmError(f"unknown cost model {kind!r}; choose one of {', '.join(COST_MODELS)}")
-
-
 def _callbacks(result: TuneResult, tasks, bar, failure_path: Path):
     import tvm.s_tir.meta_schedule as ms
     from tvm.ir.utils import derived_object
-
-    from .collect import log_failures
 
     weights = {t.id: t.weight for t in tasks}
     flops = {t.id: t.flops for t in tasks}
@@ -101,8 +82,6 @@ def _callbacks(result: TuneResult, tasks, bar, failure_path: Path):
     @derived_object
     class Progress(ms.measure_callback.PyMeasureCallback):
         def apply(self, task_scheduler, task_index, measure_candidates, builder_results, runner_results):
-            from ..schedule.actions import trace_to_json
-
             tid = id_of_index[task_index]
             log_failures(failure_path, tid, measure_candidates, builder_results, runner_results)
             for cand, b, r in zip(measure_candidates, builder_results, runner_results):
@@ -163,11 +142,6 @@ def tune(
     import tvm.s_tir.meta_schedule as ms
     from tqdm import tqdm
 
-    from ..hardware import make_target
-    from ..workloads import Task, resolve_task
-    from .collect import existing_counts, measured_trace_keys
-    from .context import tune_context
-
     if not isinstance(tasks, (list, tuple)):
         tasks = [tasks]
     if not tasks:
@@ -176,8 +150,7 @@ def tune(
         raise CwmError(f"the trial budget must be a positive integer, got {trials!r}")
     if isinstance(num_trials_per_iter, bool) or not isinstance(num_trials_per_iter, int) or num_trials_per_iter <= 0:
         raise CwmError(f"num_trials_per_iter must be a positive integer, got {num_trials_per_iter!r}")
-    if cost_model not in COST_MODELS:
-        raise CwmError(f"unknown cost model {cost_model!r}; choose one of {', '.join(COST_MODELS)}")
+    check_cost_model(cost_model)
     target = target or make_target()
     tasks = [resolve_task(t, target) if isinstance(t, str) else t for t in tasks]
     for t in tasks:
@@ -186,10 +159,9 @@ def tune(
     if rpc is not None:
         rpc.check_reachable()  # fail fast, before anything is written
     # a bad model fails before anything is written
-    model = make_cost_model(cost_model, model_path, seed, finetune_transition)
+    model = create_cost_model(cost_model, model_path, seed, finetune_transition)
     work_dir = Path(work_dir)
     db = open_database(work_dir)
-    from ..data.database import write_task_index
 
     write_task_index(work_dir, tasks)
     done = sum(existing_counts(work_dir).get(t.id, 0) for t in tasks)
@@ -254,7 +226,6 @@ def add_invocation_time(path: Path, seconds: float, cost_model_seconds: float = 
 def warm_start(model, work_dir, tasks, target) -> int:
     """Feed a cost model the valid records already in ``work_dir``, so that a resumed search
     continues with what the stopped one had learned; returns how many it learned."""
-    from ..data.dataset import load_dataset
     from .cost_model import learn_trajectories
 
     by_task = load_dataset(work_dir).valid().by_task
@@ -275,8 +246,6 @@ def tune_layout_tasks(tasks, *, work_dir, target=None, rpc=None, seed: int = 0,
     Untuned, MetaSchedule leaves them as serial scalar loops: in BERT they were a fifth of the
     network's time. None when there are no layout tasks.
     """
-    from ..workloads.networks import LAYOUT_TRIALS_PER_TASK, tunable
-
     layout = [t for t in tasks if not tunable(t)]
     if not layout:
         return None
@@ -288,16 +257,27 @@ def tune_layout_tasks(tasks, *, work_dir, target=None, rpc=None, seed: int = 0,
                 num_trials_per_iter=LAYOUT_TRIALS_PER_TASK, progress=progress, report=False)
 
 
+def tune_network(tasks, *, trials: int, work_dir, progress: bool = True, **kwargs) -> tuple[TuneResult, TuneResult | None]:
+    """Tune a network's tasks into one (resumable) work directory: the compute tasks share ``trials``,
+    weighted (``tune``), then each layout task gets ``LAYOUT_TRIALS_PER_TASK`` (``tune_layout_tasks``).
+
+    ``kwargs`` go to ``tune`` (cost model, target, seed, ...); the layout tasks take its target, rpc
+    and seed. Returns both results; the second is None when the network has no layout task.
+    """
+    from ..workloads.networks import tunable
+
+    result = tune([t for t in tasks if tunable(t)], trials=trials, work_dir=work_dir, progress=progress, **kwargs)
+    layout = tune_layout_tasks(tasks, work_dir=work_dir, target=kwargs.get("target"), rpc=kwargs.get("rpc"),
+                               seed=kwargs.get("seed", 0), progress=progress)
+    return result, layout
+
+
 def _fill_best_from_database(result: TuneResult, work_dir: Path) -> None:
     """Best records of earlier (resumed) runs count too."""
-    from ..data.dataset import load_dataset
-
     ds = load_dataset(work_dir)
     for t in result.tasks:
         for traj in ds.by_task.get(t.id, []):
             if traj.valid and (t.id not in result.best or traj.latency < result.best[t.id]["latency"]):
-                from ..schedule.actions import trace_json_from_actions
-
                 result.best[t.id] = {"latency": traj.latency, "trace": trace_json_from_actions(traj.actions),
                                      "trial": None}
     for t in result.tasks:
@@ -309,8 +289,6 @@ def _fill_best_from_database(result: TuneResult, work_dir: Path) -> None:
 def schedule_text(task, trace_json) -> str:
     """The best schedule as the Python of its trace."""
 
-    from ..schedule.actions import actions_from_trace_json, replay
-
     sch = replay(task.mod, actions_from_trace_json(trace_json))
     return "\n".join(str(line) for line in sch.trace.as_python())
 
@@ -320,8 +298,6 @@ def write_report(result: TuneResult, work_dir: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from ..io import save_figure
 
     atomic_write_text(work_dir / "report.json", json.dumps(result.as_json(), indent=1) + "\n")
     points = [(i + 1, v) for i, v in enumerate(result.curve) if v is not None]
@@ -343,9 +319,6 @@ def measure_median(task, trace_json, target=None, runs: int = 30, min_ms: int = 
     """Re-measure one schedule carefully in this process: median of ``runs`` timed repeats."""
     import numpy as np
     import tvm
-
-    from ..hardware import make_target
-    from .measure import compile_schedule
 
     target = target or make_target()
     lib, args = compile_schedule(task, trace_json, target)

@@ -7,7 +7,6 @@ from .operators import OPERATORS, get_task, parse_workload, registry_tasks
 from .resolve import load_tir_file, resolve_task
 from .task import Task, task_id_of
 
-
 __all__ = [
     "NETWORKS",
     "OPERATORS",

@@ -12,7 +12,8 @@ from functools import lru_cache
 
 from ..compat import import_torchvision
 from ..errors import CwmError
-from .pipeline import relax_from_torch
+from ..hardware import make_target
+from .pipeline import extract_tasks, relax_from_torch
 from .task import Task
 
 SEQ_LEN = 128
@@ -155,16 +156,12 @@ def _network_tasks_cached(name: str, target_json: str) -> tuple[Task, ...]:
 
     from tvm.target import Target
 
-    from .pipeline import extract_tasks  # the tasks `cwm build` applies the database to
-
     target = Target(json.loads(target_json))
     return tuple(extract_tasks(relax_module(name, target), target, network=name))
 
 
 def network_tasks(name: str, target=None) -> list[Task]:
     """The MetaSchedule tasks of a network, with their weights (occurrence counts)."""
-    from ..hardware import make_target
-
     get_network(name)
     target = target or make_target()
     return list(_network_tasks_cached(name, str(target)))
@@ -173,7 +170,7 @@ def network_tasks(name: str, target=None) -> list[Task]:
 def tunable(task: Task) -> bool:
     """Tasks that get the main budget: the ones that compute. The others are layout moves (reshape,
     transpose, small elementwise epilogues); they get ``LAYOUT_TRIALS_PER_TASK`` each
-    (``cwm.tuning.tune_layout_tasks``), because untuned they run as serial scalar loops."""
+    (``cwm.tuning.tuner.tune_layout_tasks``), because untuned they run as serial scalar loops."""
     return task.kind != "elementwise" or task.flops > 1e6
 
 

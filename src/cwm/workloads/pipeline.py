@@ -7,7 +7,8 @@ import re
 
 from ..errors import CwmError
 from ..hardware import as_target
-from .task import Task
+from ..schedule.tir import block_names
+from .task import Task, kind_of
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,6 @@ def relax_from_torch(model, example_inputs, target=None, *, bind_params: bool = 
 
 
 def _kind_for(task: Task) -> str:
-    from .task import kind_of
-
     short = task.name.split("/", 1)[1]
     kind = kind_of(short)
     if kind == "conv2d" and _is_depthwise(task.mod):
@@ -67,8 +66,6 @@ def _kind_for(task: Task) -> str:
 
 def _is_depthwise(mod) -> bool:
     """A grouped conv with one input channel per group (Relax legalizes it as group_conv2d)."""
-    from ..schedule.tir import block_names
-
     return any(name.startswith("group_conv2d") or name.startswith("DepthwiseConv2d") for name in block_names(mod))
 
 
@@ -284,8 +281,6 @@ def default_conv_layout(target) -> str:
 
 def conv_layout_of(prim_mod) -> str | None:
     """The data layout of a task's 2-D convolution ("NCHW" or "NHWC"), None if it has none."""
-    from ..schedule.tir import block_names
-
     for name in block_names(prim_mod):
         found = _CONV_BLOCK.fullmatch(name)
         if found:

@@ -2,6 +2,7 @@
 
 Ordered so that operator kinds interleave: a collection cut short still covers every kind.
 """
+from .resolve import resolve_task
 
 REFERENCE_TASKS = [
     "bert-base/fused_matmul_add2",
@@ -30,7 +31,7 @@ REFERENCE_TASKS = [
     "matmul:M=128,N=128,K=128",
     # GPT-2's GELU. The committed dataset holds its earlier form, with libm pow and tanh, as
     # "gpt2/fused_reshape12_multiply2_power_multiply3_add6_multiply4_tir_tanh_add7_multiply5_reshape13";
-    # `cwm.deploy.rewrite_fast_math` now gives the network this one.
+    # `cwm.workloads.pipeline.rewrite_fast_math` now gives the network this one.
     "gpt2/fused_reshape12_multiply2_multiply3_multiply3_multiply4_add6_multiply5_tanh_add7_multiply3_reshape13",
     "resnet18/fused_conv2d_subtract_divide_multiply_add_relu",
     "mobilenet_v2/fused_conv2d20_subtract13_divide13_multiply13_add16_tir_clip8",
@@ -64,7 +65,27 @@ EXTRA_TASKS = [
 ]
 
 
-def reference_tasks(target=None):
-    from .resolve import resolve_task
+# The search benchmark's subgraphs: held out of every committed training split (split v2 forces
+# them into its test set; none is in a shipped model's training split), and of every kind:
+# matmul/dense with epilogues, 1-D/2-D/3-D, grouped, dilated, depthwise and transposed
+# convolutions, pooling and reductions.
+HELD_OUT_SUBGRAPHS = (
+    "matmul:M=1024,N=1023,K=1024",
+    "dense_silu:M=128,N=2048,K=512",
+    "dense_silu:M=256,N=1024,K=1024",
+    "conv1d:N=1,C=256,L=512,K=256,R=3,stride=1,pad=1",
+    "conv1d:N=1,C=512,L=256,K=512,R=3,stride=2,pad=1",
+    "group_conv2d:N=1,C=256,H=28,W=28,K=256,R=3,stride=1,pad=1,groups=32",
+    "group_conv2d:N=1,C=512,H=14,W=14,K=512,R=3,stride=1,pad=1,groups=32",
+    "dilated_conv2d:N=1,C=256,H=32,W=32,K=256,R=3,stride=1,pad=2,dilation=2",
+    "depthwise_conv2d:N=1,C=96,H=112,W=112,R=3,stride=2,pad=1",
+    "conv2d_transpose:N=1,C=256,H=14,W=14,K=128,R=4,stride=2,pad=1",
+    "conv3d:N=1,C=64,D=4,H=28,W=28,K=64,R=3,stride=1,pad=1",
+    "max_pool2d:N=1,C=64,H=112,W=112,R=3,stride=2,pad=1",
+    "reduce_sum:M=1024,N=1024",
+    "reduce_max:M=512,N=512",
+)
 
+
+def reference_tasks(target=None):
     return [resolve_task(name, target) for name in REFERENCE_TASKS]

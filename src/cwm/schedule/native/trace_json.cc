@@ -5,7 +5,7 @@
 // the string MetaSchedule's JSON database stores for it: its JSON object graph with the caller's
 // metadata (tvm.ir.save_json's), indented by 2.
 // Anything that has no object graph raises, and the Python side falls back to the object graph
-// of the whole trace (cwm.actions.trace_json_text).
+// of the whole trace (cwm.schedule.actions.trace_json_text).
 #include <tvm/ffi/tvm_ffi.h>
 #include <tvm/ffi/reflection/accessor.h>
 
