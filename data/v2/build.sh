@@ -15,6 +15,6 @@ done
 mapfile -t sources < <(find "$WORK/sources" -name database_workload.json -printf '%h\n' | sort)
 $CWM dataset merge "${sources[@]}" --db "$WORK/db"
 $CWM dataset split --db "$WORK/db" --out data/v2/split_v2.json \
-    --test-network mobilenet_v2 --test-network gpt2 --test-kind conv3d --test-kind conv2d_transpose
+    --test-network mobilenet_v2 --test-network squeezenet1_1 --test-kind conv3d --test-kind conv2d_transpose
 $CWM dataset pack --db "$WORK/db" --out data/v2 --archive dataset_v2.tar.gz --split data/v2/split_v2.json
 $CWM dataset stats --db "$WORK/db" --plot data/v2/stats.png > data/v2/stats.txt
