@@ -138,10 +138,15 @@ def group_weights(ds, groups) -> dict:
     return {g: ds.tasks[group_task(g)].weight for g in set(groups)}
 
 
+def several_machines(ds) -> bool:
+    """Whether the valid records of ``ds`` come from more than one machine."""
+    return len({t.machine for t in ds.trajectories if t.valid}) > 1
+
+
 def ranked_trajectories(ds) -> list[tuple[str, list]]:
     """The valid records of ``ds`` in the order ``ranker_arrays`` gives them: task by task, and within a
     task machine by machine (record order within each)."""
-    several = len({t.machine for t in ds.trajectories if t.valid}) > 1
+    several = several_machines(ds)
     out = []
     for tid, trajs in sorted(ds.by_task.items()):
         trajs = [t for t in trajs if t.valid]
@@ -154,7 +159,7 @@ def ranker_arrays(model, ds, final_latents: dict | None = None):
     """Features, latencies and group labels of every valid record of ``ds``, task by task; each record
     gets the hardware features of the machine it was measured on, and is grouped by ``ranking_group``."""
     xs, lats, groups = [], [], []
-    several = len({t.machine for t in ds.trajectories if t.valid}) > 1
+    several = several_machines(ds)
     for tid, trajs in ranked_trajectories(ds):
         for hardware, rows in ds.by_hardware(trajs):
             part = [trajs[i] for i in rows]
