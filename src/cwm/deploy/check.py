@@ -89,14 +89,22 @@ def check_against_torch(torch_model, example_inputs, outputs, rtol: float = 1e-4
     the max abs diff: it is an error, not a warning.
     Returns ``{"max_abs_diff", "max_rel_diff" (max abs diff / output range), "rtol", "atol", ...}``.
     """
-    expected = torch_outputs(torch_model, example_inputs)
+    return check_outputs(torch_outputs(torch_model, example_inputs), outputs, rtol, atol,
+                         relative_atol=relative_atol)
+
+
+def check_outputs(expected, outputs, rtol: float = 1e-4, atol: float = 1e-4, *, relative_atol: bool = False,
+                  reference: str = "PyTorch") -> dict:
+    """Compare ``outputs`` with the ``expected`` arrays of a reference (PyTorch, ONNX Runtime), with the
+    tolerance of ``check_against_torch``; a mismatch raises ``CwmError`` naming ``reference``."""
+    expected = [np.asarray(e) for e in expected]
     outputs = [np.asarray(o) for o in outputs]
     if len(expected) != len(outputs):
-        raise CwmError(f"PyTorch gives {len(expected)} output(s), the TVM module {len(outputs)}")
+        raise CwmError(f"{reference} gives {len(expected)} output(s), the TVM module {len(outputs)}")
     max_diff, max_rel = 0.0, 0.0
     for i, (e, o) in enumerate(zip(expected, outputs)):
         if e.shape != o.shape:
-            raise CwmError(f"output {i}: PyTorch shape {e.shape}, TVM shape {o.shape}")
+            raise CwmError(f"output {i}: {reference} shape {e.shape}, TVM shape {o.shape}")
         if not e.size:
             continue
         magnitude = float(np.max(np.abs(e)))
@@ -107,7 +115,7 @@ def check_against_torch(torch_model, example_inputs, outputs, rtol: float = 1e-4
         max_rel = max(max_rel, diff / magnitude if magnitude > 0 else (0.0 if diff == 0 else float("inf")))
         scale = magnitude if relative_atol else 1.0
         if not np.allclose(o, e, rtol=rtol, atol=atol * scale):
-            raise CwmError(f"output {i} differs from PyTorch: max abs diff {diff:.3g} on outputs up to "
+            raise CwmError(f"output {i} differs from {reference}: max abs diff {diff:.3g} on outputs up to "
                            f"{magnitude:.3g} (rtol {rtol:g}, atol {atol:g}"
                            f"{' x output range' if relative_atol else ''})")
     return {"max_abs_diff": max_diff, "max_rel_diff": max_rel, "rtol": rtol, "atol": atol,

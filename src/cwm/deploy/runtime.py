@@ -80,24 +80,37 @@ def _to_numpy(value) -> list[np.ndarray]:
 def load_and_run(lib_path, inputs: list[np.ndarray], device="cpu") -> list[np.ndarray]:
     """Run ``main`` of an exported library on the Relax VM; the outputs as numpy arrays (flattened
     tuples). Inputs are checked against the signature stored beside the library before the call."""
-    import tvm
+    return LoadedNetwork(lib_path, device).run(inputs)
 
-    inputs = [np.asarray(x) for x in inputs]
-    meta = read_sidecar(lib_path)
-    if meta is not None:
-        check_inputs(meta.get("signature", {}), inputs)
-    vm = load_vm(lib_path, device)
-    arity = int(vm._get_function_arity("main"))
-    if arity != len(inputs):
-        raise CwmError(f"the network expects {arity} input(s), got {len(inputs)} "
-                       f"[{_fmt_shapes([{'shape': list(x.shape), 'dtype': str(x.dtype)} for x in inputs])}]")
-    dev = _device(device)
-    args = [tvm.runtime.tensor(np.ascontiguousarray(x), device=dev) for x in inputs]
-    try:
-        out = vm["main"](*args)
-    except Exception as err:
-        raise CwmError(f"running {lib_path} failed: {first_line(err)}") from err
-    return _to_numpy(out)
+
+class LoadedNetwork:
+    """An exported library on the Relax VM, loaded once: ``run`` checks inputs against the sidecar's
+    signature (when there is one) and the VM's arity, and returns the outputs as numpy arrays."""
+
+    def __init__(self, lib_path, device="cpu"):
+        self.lib_path = Path(lib_path)
+        meta = read_sidecar(lib_path)
+        self.signature = meta.get("signature", {}) if meta is not None else None
+        self.vm = load_vm(lib_path, device)
+        self.device = _device(device)
+        self.arity = int(self.vm._get_function_arity("main"))
+        self.main = self.vm["main"]
+
+    def run(self, inputs) -> list[np.ndarray]:
+        import tvm
+
+        inputs = [np.asarray(x) for x in inputs]
+        if self.signature is not None:
+            check_inputs(self.signature, inputs)
+        if self.arity != len(inputs):
+            raise CwmError(f"the network expects {self.arity} input(s), got {len(inputs)} "
+                           f"[{_fmt_shapes([{'shape': list(x.shape), 'dtype': str(x.dtype)} for x in inputs])}]")
+        args = [tvm.runtime.tensor(np.ascontiguousarray(x), device=self.device) for x in inputs]
+        try:
+            out = self.main(*args)
+        except Exception as err:
+            raise CwmError(f"running {self.lib_path} failed: {first_line(err)}") from err
+        return _to_numpy(out)
 
 
 def sidecar_path(lib_path) -> Path:

@@ -61,13 +61,22 @@ def create_cost_model(kind: str, model_path=None, seed: int = 0, finetune_transi
     return TimedCostModel(_REGISTRY[kind].factory(model_path, seed, finetune_transition))
 
 
-@register_cost_model("cwm", "the world model (default: the shipped model picked for this host)")
-def _world_model(model_path, seed, finetune_transition):
+def world_model_cost_model(model=None, **kwargs):
+    """A ``cwm.tuning.cost_model.WorldModelCostModel`` (a MetaSchedule cost model) on ``model``: a
+    ``WorldModel``, a shipped model's name or a model directory; by default the shipped model picked
+    for this host (``WorldModel.from_pretrained``). ``kwargs`` go to ``WorldModelCostModel``.
+    ``cwm.WorldModelCostModel()`` is this function: ``ms.tune_tir(..., cost_model=cwm.WorldModelCostModel())``."""
     from ..model.world_model import WorldModel
     from .cost_model import WorldModelCostModel
 
-    return WorldModelCostModel(WorldModel.from_pretrained(model_path), seed=seed,
-                               finetune_transition=finetune_transition)
+    if not isinstance(model, WorldModel):
+        model = WorldModel.from_pretrained(model)
+    return WorldModelCostModel(model, **kwargs)
+
+
+@register_cost_model("cwm", "the world model (default: the shipped model picked for this host)")
+def _world_model(model_path, seed, finetune_transition):
+    return world_model_cost_model(model_path, seed=seed, finetune_transition=finetune_transition)
 
 
 def _xgb(seed):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import re
 
-from ..errors import CwmError
+from ..errors import CwmError, first_line
 from ..hardware import as_target
 from ..schedule.tir import block_names
 from .task import Task, kind_of
@@ -16,42 +16,65 @@ log = logging.getLogger(__name__)
 def relax_from_torch(model, example_inputs, target=None, *, bind_params: bool = True):
     """Export a PyTorch model to Relax with its parameters bound, ready for fusion and tuning.
 
-    ``torch.export`` -> ``from_exported_program`` -> bind the weights as constants ->
-    ``DecomposeOpsForInference`` (eval-mode batch norm becomes elementwise arithmetic) ->
-    ``CanonicalizeBindings`` -> ``FoldConstant``. No ``batch_norm`` op is left, so FuseOps later
-    folds it into the convolution's epilogue. The model is put in eval mode.
+    ``torch.export`` -> ``relax_from_exported``. The model is put in eval mode.
     """
     import torch
-    import tvm
-    from tvm import relax
-    from tvm.relax.frontend.torch import from_exported_program
 
     if not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
-    target = as_target(target)
     model = model.eval()
     try:
         with torch.no_grad():
             exported = torch.export.export(model, tuple(example_inputs))
+    except Exception as err:  # export raises many error types
+        raise CwmError(f"cannot import {type(model).__name__} into Relax: {first_line(err)}") from err
+    return relax_from_exported(exported, target, bind_params=bind_params, name=type(model).__name__)
+
+
+UNSUPPORTED_TORCH_OPS = re.compile(r"Unsupported function types \[(.*?)\]")
+
+
+def relax_from_exported(exported, target=None, *, bind_params: bool = True, name: str = "the model"):
+    """A ``torch.export.ExportedProgram`` in Relax with its parameters bound (``simplify_relax``).
+
+    ``from_exported_program`` -> bind the weights as constants -> ``simplify_relax``. An operator
+    TVM's PyTorch frontend does not convert is a ``CwmError`` that names it.
+    """
+    from tvm import relax
+    from tvm.relax.frontend.torch import from_exported_program
+
+    try:
         mod = from_exported_program(exported, keep_params_as_input=True)
-    except Exception as err:  # export and the frontend raise many error types
-        first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
-        raise CwmError(f"cannot import {type(model).__name__} into Relax: {first}") from err
+    except Exception as err:  # the frontend raises many error types
+        found = UNSUPPORTED_TORCH_OPS.search(str(err))
+        if found:
+            ops = ", ".join(sorted(o.strip(" '\"") for o in found.group(1).split(",")))
+            raise CwmError(f"TVM's PyTorch frontend does not support the operator(s) {ops} of {name}") from err
+        raise CwmError(f"cannot import {name} into Relax: {first_line(err)}") from err
     mod, params = relax.frontend.detach_params(mod)
     if bind_params and params.get("main"):
         fparams = mod["main"].params
         weights = params["main"]
         bound = dict(zip(fparams[len(fparams) - len(weights):], weights))
         mod = relax.transform.BindParams("main", bound)(mod)
-    with target:
-        mod = tvm.transform.Sequential(
+    return simplify_relax(mod, target)
+
+
+def simplify_relax(mod, target=None):
+    """``DecomposeOpsForInference`` (eval-mode batch norm becomes elementwise arithmetic) ->
+    ``CanonicalizeBindings`` -> ``FoldConstant``: no ``batch_norm`` op is left, so FuseOps later
+    folds it into the convolution's epilogue. Every frontend's module (PyTorch, ONNX) goes through it."""
+    import tvm
+    from tvm import relax
+
+    with as_target(target):
+        return tvm.transform.Sequential(
             [
                 relax.transform.DecomposeOpsForInference(),
                 relax.transform.CanonicalizeBindings(),
                 relax.transform.FoldConstant(),
             ]
         )(mod)
-    return mod
 
 
 def _kind_for(task: Task) -> str:
