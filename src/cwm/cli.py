@@ -19,6 +19,7 @@ from .deploy.build import build_network, random_inputs
 from .deploy.check import check_against_torch, tolerance_for
 from .deploy.runtime import load_and_run
 from .errors import CwmError
+from .frontend.files import MODEL_FILES, is_model_file, load_model_file
 from .hardware import make_target
 from .io import atomic_write_text
 from .tuning.collect import collect as run_collect
@@ -125,17 +126,42 @@ def collect(
 
 
 DEFAULT_WORKLOAD = "dense_relu:M=128,N=512,K=256"
+MODEL_FILE_HELP = ("A model file: " + ", ".join(f"{s} ({d})" for s, (_, d) in MODEL_FILES.items()) + ".")
+WORLD_MODEL_HELP = "World model directory (default: the shipped model for this host); --model is the old spelling."
+
+
+def _input_shapes(specs: list[str] | None) -> dict:
+    """``NAME=1x3x224x224`` options as {name: [1, 3, 224, 224]}."""
+    shapes = {}
+    for spec in specs or []:
+        name, sep, dims = spec.partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            shapes[name] = [int(d) for d in dims.lower().split("x")]
+        except ValueError:
+            _fail(f"--input-shape takes NAME=DxDx..., e.g. input=1x3x224x224, got {spec!r}")
+    return shapes
+
+
+def _load_model_file(path: Path, target, input_shape: list[str] | None):
+    shapes = _input_shapes(input_shape)
+    return load_model_file(path, target=target, **({"input_shapes": shapes} if shapes else {}))
 
 
 @app.command()
 def tune(
-    workload: Optional[str] = typer.Argument(None, help=f"Registry workload or network task (default {DEFAULT_WORKLOAD})."),
+    workload: Optional[str] = typer.Argument(None, help=f"Registry workload, network task or model file "
+                                             f"({', '.join(MODEL_FILES)}) (default {DEFAULT_WORKLOAD})."),
     network: Optional[str] = typer.Option(None, help="Tune a network: its compute tasks share --trials, weighted; "
                                           "its layout tasks get 8 trials each on top."),
     tir: Optional[Path] = typer.Option(None, "--tir", help="A TVMScript file with your own kernel."),
+    model_file: Optional[Path] = typer.Option(None, "--model-file", help=MODEL_FILE_HELP + " Tuned like --network."),
+    input_shape: list[str] = typer.Option(None, "--input-shape", help="NAME=1x3x224x224: the shape of a model "
+                                          "file's input with dynamic dimensions (repeatable)."),
     trials: int = typer.Option(64, help="Measurement budget in total."),
     cost_model: str = typer.Option("cwm", help=cost_model_help()),
-    model: Optional[Path] = typer.Option(None, help="World model directory (default: the shipped model)."),
+    model: Optional[Path] = typer.Option(None, "--world-model", "--model", help=WORLD_MODEL_HELP),
     target: Optional[str] = typer.Option(None, help="'cpu' (default, this host), 'cuda' or target JSON."),
     rpc: Optional[str] = typer.Option(None, help="Measure through a TVM RPC tracker HOST:PORT:KEY."),
     work_dir: Path = typer.Option(Path("runs/tune"), help="Database and report directory (resumable)."),
@@ -156,9 +182,22 @@ def tune(
     tgt = make_target(target)
     settings = dict(work_dir=work_dir, cost_model=cost_model, model_path=model, target=tgt, rpc=address, seed=seed,
                     num_trials_per_iter=per_iter, finetune_transition=finetune_transition)
+    if model_file is None and workload is not None and is_model_file(workload):
+        model_file, workload = Path(workload), None
     if tir is not None:
         tasks = [load_tir_file(tir)]
         result = run_tune(tasks, trials=trials, **settings)
+    elif model_file is not None:
+        from .workloads.pipeline import extract_tasks
+
+        imported = _load_model_file(model_file, tgt, input_shape)
+        result, layout = tune_network(extract_tasks(imported.mod, tgt, network=imported.name), trials=trials,
+                                      **settings)
+        tasks = result.tasks + (layout.tasks if layout is not None else [])
+        if layout is not None:
+            for t in layout.tasks:
+                if t.id in layout.best:
+                    result.best[t.id] = layout.best[t.id]
     elif network is not None:  # an empty name is an unknown network, not no network
         named = _tasks_from([workload] if workload is not None else [], None, tgt)
         result, layout = tune_network(network_tasks(network, tgt) + named, trials=trials, **settings)
@@ -281,7 +320,7 @@ def bench_search(
     contenders: str = typer.Option(",".join(("cwm", "xgb", "xgb-pretrained", "random")),
                                    help="Comma-separated; also cwm-initial (no-transition ablation) and "
                                    "cwm-finetune (transition fine-tuned online)."),
-    model: Optional[Path] = typer.Option(None, help="World model directory (default: the shipped model)."),
+    model: Optional[Path] = typer.Option(None, "--world-model", "--model", help=WORLD_MODEL_HELP),
     db: Path = typer.Option(Path("reference"), help="Training database (for xgb-pretrained and cwm-initial)."),
     split: Path = typer.Option(Path("data/reference/split.json"), help="Split (for xgb-pretrained and cwm-initial)."),
     out: Path = typer.Option(Path("benchmarks/results/search")),
@@ -328,7 +367,7 @@ def bench_noise(
 def bench_diagnose_search(
     work_root: Path = typer.Option(Path("runs/bench_search"), help="Run databases of `cwm bench search`."),
     budget: int = typer.Option(64, help="Which budget's runs."),
-    model: Optional[Path] = typer.Option(None, help="World model directory (default: the shipped model)."),
+    model: Optional[Path] = typer.Option(None, "--world-model", "--model", help=WORLD_MODEL_HELP),
     out: Path = typer.Option(Path("benchmarks/results/search")),
 ):
     """Ranking quality of the world model on each contender's measured candidates, and their diversity."""
@@ -350,14 +389,20 @@ def bench_diagnose_search(
 
 @app.command()
 def build(
-    network: str = typer.Option(..., help="Network name (see `cwm workloads list`)."),
+    network: Optional[str] = typer.Option(None, help="Network name (see `cwm workloads list`)."),
+    model_file: Optional[Path] = typer.Option(None, "--model-file", help=MODEL_FILE_HELP),
+    input_shape: list[str] = typer.Option(None, "--input-shape", help="NAME=1x3x224x224 (as for `cwm tune`)."),
     db: Optional[Path] = typer.Option(None, "--db", help="Tuned database directory (omit for untuned)."),
     out: Path = typer.Option(Path("runs/build/network.so"), help="Shared library to write."),
     target: Optional[str] = typer.Option(None, help="'cpu' (default), 'cuda' or target JSON."),
 ):
-    """Build a network with its tuned schedules applied and export a shared library."""
+    """Build a network or a model file with its tuned schedules applied and export a shared library."""
     _quiet_tvm_logs()
-    result = build_network(network, db, make_target(target), out)
+    if (network is None) == (model_file is None):
+        _fail("give one of --network NAME and --model-file FILE")
+    tgt = make_target(target)
+    source = network if model_file is None else _load_model_file(model_file, tgt, input_shape).mod
+    result = build_network(source, db, tgt, out)
     typer.echo(f"{result.tuned_tasks}/{result.total_tasks} tasks tuned"
                + (f"; missing from the database: {', '.join(result.missing)}" if result.missing else ""))
     typer.echo(f"library: {result.lib_path}")
@@ -367,14 +412,31 @@ def build(
 def run(
     lib: Path = typer.Argument(..., help="Library written by `cwm build`."),
     network: Optional[str] = typer.Option(None, help="Check the outputs against this PyTorch network."),
+    model_file: Optional[Path] = typer.Option(None, "--model-file", "--check-model",
+                                              help="Run on this model file's example inputs and check the outputs "
+                                              "against it (PyTorch for .pt2, ONNX Runtime for .onnx)."),
+    input_shape: list[str] = typer.Option(None, "--input-shape", help="NAME=1x3x224x224 (as for `cwm tune`)."),
     seed: int = typer.Option(0, help="Seed of the random inputs."),
 ):
-    """Run a built network on the Relax VM with random inputs (checked against PyTorch with --network)."""
+    """Run a built network on the Relax VM with random inputs (checked against PyTorch with --network, against
+    the source model with --model-file)."""
     import numpy as np
 
     _quiet_tvm_logs()
     if not lib.exists():
         _fail(f"library {lib} does not exist")
+    if network is not None and model_file is not None:
+        _fail("give at most one of --network and --model-file")
+    if model_file is not None:
+        from .deploy.check import check_outputs
+
+        imported = _load_model_file(model_file, None, input_shape)
+        outputs = load_and_run(lib, imported.example_inputs)
+        for i, o in enumerate(outputs):
+            typer.echo(f"output {i}: shape {tuple(o.shape)} {o.dtype}, mean {float(np.mean(o)):.6g}")
+        check_outputs(imported.expected_outputs(), outputs, **imported.tolerance, reference=imported.reference_name)
+        typer.echo(f"outputs match {imported.reference_name}")
+        return
     if network is not None:
         get_network(network)  # an unknown name fails before PyTorch is imported
         model, example = torch_model(network)
@@ -393,7 +455,7 @@ def run(
 def bench_e2e(
     networks: list[str] = typer.Argument(None, help="Networks (default: resnet18 resnet50 mobilenet_v2 bert-base gpt2)."),
     trials_per_task: int = typer.Option(64, help="Tuning budget per task (weighted, gradient scheduler)."),
-    model: Optional[Path] = typer.Option(None, help="World model directory (default: the shipped model)."),
+    model: Optional[Path] = typer.Option(None, "--world-model", "--model", help=WORLD_MODEL_HELP),
     out: Path = typer.Option(Path("benchmarks/results/e2e")),
     work_root: Path = typer.Option(
         Path("runs/bench_e2e"),

@@ -77,7 +77,8 @@ class CacheEntry:
 
     def complete(self) -> dict | None:
         """The finished entry's record, or None when it is not finished (tuning resumes) or is for
-        another key. A corrupt finished entry is removed with a warning, and None returned."""
+        another key. A corrupt finished entry loses its record and library, with a warning (they are rebuilt from
+        its database), and None is returned."""
         path = self.directory / ENTRY_FILE
         if not path.exists():
             return None
@@ -90,6 +91,11 @@ class CacheEntry:
             return None
         if meta["key"] != self.key:  # a work directory reused with another budget: keep its records
             path.unlink(missing_ok=True)
+            return None
+        digest = file_digest(self.library)
+        if digest != meta.get("library_sha1"):
+            self.discard(f"{self.library.name} is missing" if digest is None else
+                         f"{self.library.name} is not the library that was built")
             return None
         try:
             from ..deploy.runtime import LoadedNetwork
@@ -107,12 +113,30 @@ class CacheEntry:
         try:
             load_raw(self.db, missing_ok=True)
         except CwmError as err:
-            self.discard(str(err))
+            self.discard_database(str(err))
 
     def discard(self, why: str) -> None:
+        """Drop the entry's record and library (rebuilt from its database, which is kept)."""
         log.warning("cache entry %s is corrupt (%s); rebuilding it", self.directory, why)
-        shutil.rmtree(self.directory, ignore_errors=True)
+        (self.directory / ENTRY_FILE).unlink(missing_ok=True)
+        for path in self.directory.glob(LIBRARY + "*"):
+            path.unlink(missing_ok=True)
+
+    def discard_database(self, why: str) -> None:
+        log.warning("cache entry %s has a corrupt database (%s); tuning it again", self.directory, why)
+        shutil.rmtree(self.db, ignore_errors=True)
 
     def finish(self, record: dict) -> None:
-        atomic_write_text(self.directory / ENTRY_FILE, json.dumps({"key": self.key, **record}, indent=1) + "\n")
+        """Mark the entry complete: its record, with the key and the library's digest, written last."""
+        record = {"key": self.key, "library_sha1": file_digest(self.library), **record}
+        atomic_write_text(self.directory / ENTRY_FILE, json.dumps(record, indent=1) + "\n")
+
+
+def file_digest(path: Path) -> str | None:
+    """The SHA-1 of a file, None if it does not exist."""
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha1").hexdigest()
+    except FileNotFoundError:
+        return None
 
