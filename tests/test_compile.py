@@ -18,25 +18,9 @@ torch = pytest.importorskip("torch")
 
 from cwm.errors import CwmError  # noqa: E402
 
+from .test_deploy import _cnn, _mlp  # noqa: E402  the deployment tests' small MLP and CNN
+
 TINY = {"cost_model": "random", "timing_runs": 0, "progress": False}
-
-
-def _mlp(seed=0):
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).eval()
-    return model, (torch.randn(1, 32),)
-
-
-def _cnn():
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4),
-    ).eval()
-    with torch.no_grad():  # non-trivial running statistics, so a wrong fold would show
-        model[1].running_mean.uniform_(-1, 1)
-        model[1].running_var.uniform_(0.5, 2.0)
-    return model, (torch.randn(1, 3, 16, 16),)
 
 
 class _TwoOutputs(torch.nn.Module):
@@ -363,3 +347,16 @@ def test_world_model_cost_model_with_no_argument_uses_the_host_model():
     assert type(cost_model).__name__ == "WorldModelCostModel"
     expected = json.loads((default_model_dir() / "world_model.json").read_text()).get("hardware")
     assert cost_model.model.config.hardware == expected
+
+
+def test_bench_e2e_resolves_model_names_and_files(tmp_path):
+    from cwm.frontend import zoo
+
+    assert zoo.resolve("efficientnet_b0")[0] == "torchvision"
+    assert zoo.resolve("transformers:roberta")[0] == "transformers"
+    model, inputs = zoo.resolve("squeezenet1_0")[1]()
+    assert tuple(model(*inputs).shape) == (1, 1000)
+    for name, message in [("nosuchnet", "unknown network 'nosuchnet'"), ("torchvision:nosuch", "has no model"),
+                          ("m.onnx", "needs a PyTorch model"), (str(tmp_path / "x.pt2"), "does not exist")]:
+        with pytest.raises(CwmError, match=message):
+            zoo.resolve(name)

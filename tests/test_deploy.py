@@ -493,6 +493,10 @@ def test_e2e_benchmark_tiny_mode(mlp_build, tmp_path, target):
         assert e["timing"].get(c, e["timing"].get("tvm_xgb@s0"))["runs"] == 5
     # torch.compile: a number, or the reason it failed here
     assert e["latency_ms"]["torch_compile"] is not None or "torch_compile" in e["errors"]
+    # ONNX Runtime: exported with torch.onnx.export, checked against PyTorch, timed in the same rotation
+    assert e["checks"]["onnxruntime"]["ok"] and e["timing"]["onnxruntime"]["runs"] == 5
+    assert e["latency_ms"]["onnxruntime"] > 0 and "ONNX Runtime" in (out / "e2e.md").read_text()
+    assert e["tuning_seconds"] >= 0 and "tuning s" in (out / "e2e.md").read_text()
     assert e["roofline"] and 0 < e["roofline"][0]["by_cost_model"]["xgb"]["fraction_of_peak"]
     assert e["peak_matmul_gflops"] == data["peak_matmul_gflops"]
     assert data["geomean_speedup_vs_eager"]["tvm_xgb"] > 0

@@ -184,6 +184,7 @@ def tune(
                     num_trials_per_iter=per_iter, finetune_transition=finetune_transition)
     if model_file is None and workload is not None and is_model_file(workload):
         model_file, workload = Path(workload), None
+    layout = None
     if tir is not None:
         tasks = [load_tir_file(tir)]
         result = run_tune(tasks, trials=trials, **settings)
@@ -193,21 +194,17 @@ def tune(
         imported = _load_model_file(model_file, tgt, input_shape)
         result, layout = tune_network(extract_tasks(imported.mod, tgt, network=imported.name), trials=trials,
                                       **settings)
-        tasks = result.tasks + (layout.tasks if layout is not None else [])
-        if layout is not None:
-            for t in layout.tasks:
-                if t.id in layout.best:
-                    result.best[t.id] = layout.best[t.id]
+        tasks = result.tasks
     elif network is not None:  # an empty name is an unknown network, not no network
         named = _tasks_from([workload] if workload is not None else [], None, tgt)
         result, layout = tune_network(network_tasks(network, tgt) + named, trials=trials, **settings)
         tasks = result.tasks
-        if layout is not None:
-            typer.echo(f"{len(layout.tasks)} layout tasks: {len(layout.best)} tuned, "
-                       f"{len(layout.tasks) - len(layout.best)} without a valid candidate")
     else:
         tasks = _tasks_from([workload if workload is not None else DEFAULT_WORKLOAD], None, tgt)
         result = run_tune(tasks, trials=trials, **settings)
+    if layout is not None:
+        typer.echo(f"{len(layout.tasks)} layout tasks: {len(layout.best)} tuned, "
+                   f"{len(layout.tasks) - len(layout.best)} without a valid candidate")
     for t in tasks:
         best = result.best.get(t.id)
         if best:
@@ -453,7 +450,10 @@ def run(
 
 @bench_app.command("e2e")
 def bench_e2e(
-    networks: list[str] = typer.Argument(None, help="Networks (default: resnet18 resnet50 mobilenet_v2 bert-base gpt2)."),
+    networks: list[str] = typer.Argument(None, help="Networks (default: resnet18 resnet50 mobilenet_v2 bert-base gpt2): "
+                                         "built-in names, any torchvision model (e.g. efficientnet_b0), any "
+                                         "transformers model type (e.g. roberta; random init), torchvision:NAME, "
+                                         "transformers:TYPE, or a .pt2 file."),
     trials_per_task: int = typer.Option(64, help="Tuning budget per task (weighted, gradient scheduler)."),
     model: Optional[Path] = typer.Option(None, "--world-model", "--model", help=WORLD_MODEL_HELP),
     out: Path = typer.Option(Path("benchmarks/results/e2e")),
@@ -469,6 +469,8 @@ def bench_e2e(
                             "xgb-pretrained and --leave-network-out)."),
     split: Path = typer.Option(Path("data/reference/split.json"), "--split",
                                help="Its split (for xgb-pretrained and --leave-network-out)."),
+    onnxruntime: bool = typer.Option(True, "--onnxruntime/--no-onnxruntime", help="Time ONNX Runtime too (CPU "
+                                     "provider, all graph optimizations, 2 threads; model from torch.onnx.export)."),
     leave_network_out: bool = typer.Option(False, "--leave-network-out", help="For each network, train cwm's world "
                                            "model and xgb-pretrained on the split less that network's tasks, so "
                                            "every network is held out; kept in WORK_ROOT/<network>/."),
@@ -486,7 +488,7 @@ def bench_e2e(
                                 seeds=tuple(range(seeds)), num_trials_per_iter=num_trials_per_iter,
                                 cost_models=chosen, train_db=resolve_db(db) if needs_training_data else None,
                                 split=load_split(split) if needs_training_data else None,
-                                leave_network_out=leave_network_out)
+                                leave_network_out=leave_network_out, onnxruntime=onnxruntime)
     typer.echo(json.dumps(summary.get("geomean_speedup_vs_eager", {}), default=float))
     typer.echo(f"report: {out / 'e2e.json'}, {out / 'e2e.md'}, {out / 'e2e.png'}")
 

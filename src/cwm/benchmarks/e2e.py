@@ -39,19 +39,21 @@ import numpy as np
 
 from ..data.database import RECORD_FILE, WORKLOAD_FILE
 from ..deploy.build import build_network, sidecar_path
-from ..deploy.check import check_against_torch, tolerance_for
+from ..deploy.check import check_against_torch, check_outputs, tolerance_for, torch_outputs
 from ..deploy.runtime import load_and_run
-from ..errors import CwmError
+from ..errors import CwmError, first_line
+from ..frontend import zoo
 from ..hardware import host_cpu, make_target
 from ..io import atomic_file, atomic_write_text
 from ..model.metrics import geomean as metrics_geomean
 from ..tuning.registry import check_cost_model
 from ..tuning.tuner import add_invocation_time, tune_network
-from ..workloads import get_network, tunable
-from ..workloads.networks import LAYOUT_TRIALS_PER_TASK, torch_model
+from ..workloads import tunable
+from ..workloads.networks import LAYOUT_TRIALS_PER_TASK, NETWORKS, torch_model
 from ..workloads.pipeline import PIPELINE_VERSION, extract_tasks, relax_from_torch
 from .timing import (
     TIMING_BLOCK,
+    ort_runner,
     peak_matmul_stats,
     set_threads,
     time_interleaved,
@@ -65,6 +67,7 @@ DEFAULT_NETWORKS = ("resnet18", "resnet50", "mobilenet_v2", "bert-base", "gpt2")
 COMPUTE_BOUND_KINDS = ("conv2d", "dense", "matmul", "batch_matmul")
 EAGER = "torch_eager"
 COMPILED = "torch_compile"
+ORT = "onnxruntime"  # CPU execution provider, all graph optimizations, the benchmark's threads
 UNTUNED = "tvm_untuned"
 TUNING_TIME_FILE = "e2e_tuning_time.json"
 # Seconds of timed calls after which a slow contender stops (after at least 3 calls).
@@ -92,7 +95,7 @@ def _seed_name(cost_model: str, seed: int) -> str:
 def _network_spec(entry):
     """(name, torch model, example inputs) from a network name or such a tuple (tiny mode)."""
     if isinstance(entry, str):
-        model, inputs = torch_model(entry)
+        model, inputs = torch_model(entry) if entry in NETWORKS else zoo.resolve(entry)[1]()
         return entry, model, tuple(inputs)
     if isinstance(entry, (tuple, list)) and len(entry) == 3:
         name, model, inputs = entry
@@ -373,6 +376,7 @@ def run_e2e_benchmark(
     target=None,
     num_trials_per_iter: int = 16,
     torch_compile: bool = True,
+    onnxruntime: bool = True,
     roofline_top: int = 5,
     peak_n: int = 1024,
     train_db=None,
@@ -424,8 +428,8 @@ def run_e2e_benchmark(
             raise CwmError(f"the cwm cost model needs a world model directory; {path} does not exist "
                            "(pass model_path, or leave cwm out of cost_models)")
     for net in networks:  # unknown names fail now, not after hours of tuning the others
-        if isinstance(net, str):
-            get_network(net)
+        if isinstance(net, str) and net not in NETWORKS:
+            zoo.resolve(net)  # a torchvision or transformers name, or a .pt2 file
 
     # Tuning imports tvm.s_tir.tensor_intrin; its TVMScript parser scans sys.modules on every
     # inspect.getmodule call, which takes minutes once torch and transformers are loaded. Import
@@ -469,7 +473,8 @@ def run_e2e_benchmark(
     summary["peak_matmul_gflops"] = peak["median"]
     # The fastest call too: on a shared machine the median can be depressed by other load.
     summary["peak_matmul_gflops_best"] = peak["best"]
-    summary["contenders"] = [EAGER, COMPILED, UNTUNED] + [tuned_name(cm) for cm in cost_models]
+    summary["contenders"] = ([EAGER, COMPILED] + ([ORT] if onnxruntime else []) + [UNTUNED]
+                             + [tuned_name(cm) for cm in cost_models])
 
     for net in networks:
         if isinstance(net, str) or not isinstance(net, (tuple, list)) or len(net) != 3:
@@ -484,7 +489,7 @@ def run_e2e_benchmark(
             name, model, inputs, target=target, config=config, out_dir=out_dir, work_root=work_root,
             trials_per_task=trials_per_task, seeds=seeds, cost_models=cost_models, model_paths=model_paths,
             progress=progress, runs=runs, warmup=warmup, threads=threads, per_iter=num_trials_per_iter,
-            torch_compile=torch_compile, roofline_top=roofline_top,
+            torch_compile=torch_compile, onnxruntime=onnxruntime, roofline_top=roofline_top,
             peak=(summary["peak_matmul_gflops"], summary["peak_matmul_gflops_best"]),
             train_db=train_db, split=split, leave_network_out=leave_network_out, train_settings=train_settings,
         )
@@ -543,7 +548,7 @@ def _learned_models(name, all_tasks, tasks, *, cost_models, model_paths, work_ro
 def _benchmark_network(name, model, inputs, *, target, config, out_dir, work_root, trials_per_task, seeds,
                        cost_models, model_paths, progress, runs, warmup, threads, per_iter, torch_compile,
                        roofline_top, peak, train_db=None, split=None, leave_network_out=False,
-                       train_settings=None) -> dict:
+                       train_settings=None, onnxruntime=True) -> dict:
     t_start = time.time()
     model = model.eval()
     mod_cache = {}
@@ -626,6 +631,10 @@ def _benchmark_network(name, model, inputs, *, target, config, out_dir, work_roo
         contenders[COMPILED] = torch_runner(model, inputs, compile=True)
     else:
         entry["errors"][COMPILED] = "disabled"
+    if onnxruntime:
+        session = _onnxruntime_session(name, model, inputs, lib_dir / "model.onnx", tol, entry, threads)
+        if session is not None:
+            contenders[ORT] = ort_runner(session, np_inputs)
     for key, path in good.items():
         contenders[key] = tvm_runner(path, np_inputs)
     # Untuned TVM can take a minute a call (BERT): it is timed for about TIMING_BUDGET_S, at least
@@ -635,7 +644,7 @@ def _benchmark_network(name, model, inputs, *, target, config, out_dir, work_roo
     entry["errors"].update(errors)
     entry["timing"] = {k: v.as_json() for k, v in timings.items()}
     lat = {k: v.median_s * 1e3 for k, v in timings.items()}
-    entry["latency_ms"] = {k: lat.get(k) for k in (EAGER, COMPILED, UNTUNED)}
+    entry["latency_ms"] = {k: lat.get(k) for k in (EAGER, COMPILED) + ((ORT,) if onnxruntime else ()) + (UNTUNED,)}
     for cm in cost_models:
         per_seed = {str(s): lat.get(_seed_name(cm, s)) for s in seeds}
         entry["latency_ms_per_seed"][tuned_name(cm)] = per_seed
@@ -650,9 +659,37 @@ def _benchmark_network(name, model, inputs, *, target, config, out_dir, work_roo
 
     # 5. Roofline of the largest compute-bound tasks.
     entry["roofline"] = _roofline(tasks, tune_results, peak, roofline_top)
+    entry["tuning_seconds"] = round(sum(t["seconds"] for per_seed in entry["tuning"].values()
+                                        for t in per_seed.values()), 1)
     entry["seconds"] = round(time.time() - t_start, 1)
     entry["status"] = "done"
     return entry
+
+
+def _onnxruntime_session(name, model, inputs, path: Path, tol: dict, entry: dict, threads: int):
+    """The ONNX Runtime contender: the model exported with ``torch.onnx.export`` (once, beside the
+    libraries), a session with the CPU execution provider, ORT_ENABLE_ALL and ``threads`` intra-op
+    threads, its outputs checked against PyTorch like the TVM builds'. None (and the error recorded)
+    when export, session or check fails."""
+    from ..frontend.onnx_model import export_onnx, ort_session
+
+    np_inputs = [x.detach().cpu().numpy() for x in inputs]
+    try:
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_file(path) as tmp:
+                export_onnx(model, inputs, tmp)
+        session = ort_session(path, threads)
+        outputs = session.run(None, {i.name: x for i, x in zip(session.get_inputs(), np_inputs)})
+        entry["checks"][ORT] = {"ok": True, **check_outputs(torch_outputs(model, inputs), outputs, **tol)}
+        return session
+    except CwmError as err:
+        entry["checks"][ORT] = {"ok": False, "error": str(err), **tol}
+        entry["errors"][ORT] = str(err)
+    except Exception as err:  # onnxruntime's own errors
+        entry["errors"][ORT] = f"{type(err).__name__}: {first_line(err)}"[:500]
+    log.error("%s %s: %s", name, ORT, entry["errors"][ORT])
+    return None
 
 
 def combine_e2e_results(sources, out_dir) -> dict:
@@ -741,7 +778,7 @@ def _json_default(o):
     raise TypeError(type(o).__name__)
 
 
-_LABELS = {EAGER: "PyTorch eager", COMPILED: "torch.compile", UNTUNED: "TVM untuned"}
+_LABELS = {EAGER: "PyTorch eager", COMPILED: "torch.compile", ORT: "ONNX Runtime", UNTUNED: "TVM untuned"}
 
 
 def _label(c: str) -> str:
@@ -793,8 +830,8 @@ def markdown(summary: dict) -> str:
         lines += ["Networks measured in other runs with the same settings and host, each as measured there: " + ", ".join(
             f"{name} from `{path}`" for name, path in summary["sources"].items()) + ".", ""]
     lines += [
-        "| network | tasks (tunable) | " + " | ".join(_label(c) for c in contenders) + " |",
-        "|---|---|" + "---|" * len(contenders),
+        "| network | tasks (tunable) | tuning s | " + " | ".join(_label(c) for c in contenders) + " |",
+        "|---|---|---|" + "---|" * len(contenders),
     ]
     for name, e in summary["networks"].items():
         cells = []
@@ -805,9 +842,11 @@ def markdown(summary: dict) -> str:
                 cells.append(f"n/a ({reason[:60]})" if reason else "n/a")
             else:
                 cells.append(f"{v:.3f} ({s:.2f}x)")
-        lines.append(f"| {name} | {e['total_tasks']} ({e['tunable_tasks']}) | " + " | ".join(cells) + " |")
+        tuning_s = e.get("tuning_seconds")
+        lines.append(f"| {name} | {e['total_tasks']} ({e['tunable_tasks']}) | "
+                     f"{'-' if tuning_s is None else f'{tuning_s:.0f}'} | " + " | ".join(cells) + " |")
     geo = summary.get("geomean_speedup_vs_eager", {})
-    lines.append("| **geometric mean** | | " + " | ".join(
+    lines.append("| **geometric mean** | | | " + " | ".join(
         f"**{geo[c]:.2f}x**" if geo.get(c) else "n/a" for c in contenders) + " |")
     latest = (summary["peak_matmul_gflops"], summary.get("peak_matmul_gflops_best", float("nan")))
     peaks = {}  # (median, fastest call) -> networks whose roofline used it; older entries used the latest

@@ -74,6 +74,16 @@ def torch_runner(model, example_inputs, compile: bool = False) -> Callable[[], o
     return run
 
 
+def ort_runner(session, inputs) -> Callable[[], object]:
+    """A zero-argument callable that runs an ONNX Runtime session once on prepared inputs."""
+    feed = {i.name: np.ascontiguousarray(np.asarray(x)) for i, x in zip(session.get_inputs(), inputs)}
+
+    def run():
+        return session.run(None, feed)
+
+    return run
+
+
 @dataclass
 class Timing:
     median_s: float

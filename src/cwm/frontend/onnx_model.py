@@ -123,3 +123,17 @@ def load_onnx(path, example_inputs=None, target=None, input_shapes: dict | None 
     return ImportedModel(name=path.name if hasattr(path, "name") else str(path), mod=mod, example_inputs=arrays,
                          reference=reference, family=family_of_ops(n.op_type for n in model.graph.node),
                          reference_name="ONNX Runtime", notes=notes)
+
+
+def export_onnx(model, example_inputs, path) -> None:
+    """``torch.onnx.export`` (the dynamo exporter, onnxscript) of a PyTorch model to ``path``."""
+    import contextlib
+    import io
+
+    import torch
+
+    try:
+        with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):  # it prints its progress
+            torch.onnx.export(model.eval(), tuple(example_inputs), str(path), dynamo=True, verbose=False)
+    except Exception as err:  # the exporter raises many error types
+        raise CwmError(f"torch.onnx.export of {type(model).__name__} failed: {first_line(err)}") from None
