@@ -1,6 +1,7 @@
 """The offline evaluation protocol: bootstrap intervals, the random baseline, every contender retrained."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -104,9 +105,11 @@ def test_evaluate_retrains_every_contender(multi_db, multi_split, tmp_path):
     out = tmp_path / "eval"
     with pytest.raises(CwmError, match="random_draws"):
         evaluate(multi_db, split, out, settings=TrainSettings.tiny(), random_draws=10, progress=False)
-    report = evaluate(multi_db, split, out, settings=TrainSettings.tiny(),
+    settings = replace(TrainSettings.tiny(), transition_perf_weight=1.0)  # a performance-aware F
+    report = evaluate(multi_db, split, out, settings=settings,
                       records_per_task_cap=8, throughput_batch=16, curve_repeats=1, progress=False)
-    assert set(CONTENDERS) == {"cwm", "xgb-static", "final-state", "initial-state", "action-features", "random"}
+    assert set(CONTENDERS) == {"cwm", "xgb-static", "final-state", "initial-state", "action-features",
+                               "state-matching", "random"}
     assert set(report["metrics"]) == set(CONTENDERS)
     assert set(report["intervals"]) == set(CONTENDERS)
     assert set(report["difference_vs_cwm"]) == set(CONTENDERS) - {"cwm"}
@@ -143,8 +146,11 @@ def test_evaluate_retrains_every_contender(multi_db, multi_split, tmp_path):
     # the action-features ablation has no latent at all: cwm's features less the latent
     c = p["contenders"]
     assert c["action-features"]["latent"] == "none" and c["cwm"]["latent"] == "rollout"
-    assert c["cwm"]["features"] - c["action-features"]["features"] == saved.latent_dim > 0
-    assert c["initial-state"]["features"] == c["final-state"]["features"] == c["cwm"]["features"]
+    # cwm's F is performance-aware: its score head is one more column; the paper's F has none
+    assert saved.perf_score and "perf" in saved.feature_names
+    assert c["cwm"]["features"] - c["action-features"]["features"] == saved.latent_dim + 1
+    assert c["initial-state"]["features"] == c["final-state"]["features"] == c["cwm"]["features"] - 1
+    assert c["state-matching"]["features"] == c["cwm"]["features"] - 1
 
     ev = json.loads((out / "eval.json").read_text())
     assert ev["intervals"] == json.loads(json.dumps(report["intervals"], default=float))

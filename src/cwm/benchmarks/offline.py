@@ -9,6 +9,8 @@ records of the training tasks, and scored on the same records of the test tasks:
   final-state      E(final state) + action features, no transition (the paper's static ablation)
   initial-state    E(initial state) + action features
   action-features  action + schedule + hardware features only, no latent at all
+  state-matching   the rolled-out latent of an F trained by state matching alone, the paper's F
+                   (only when cwm's F is performance-aware, ``transition_perf_weight > 0``)
   random           uniform scores: the expectation over ``random_draws`` (>= 100) seeded draws
 The ablations reuse the retrained E (and F, for nothing but the record) and refit only their
 ranker with the cwm ranker's settings. Each metric gets a percentile-bootstrap interval over
@@ -21,7 +23,7 @@ import contextlib
 import json
 import logging
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 
@@ -39,7 +41,7 @@ from ..workloads import get_task
 
 log = logging.getLogger(__name__)
 
-CONTENDERS = ("cwm", "xgb-static", "final-state", "initial-state", "action-features", "random")
+CONTENDERS = ("cwm", "xgb-static", "final-state", "initial-state", "action-features", "state-matching", "random")
 MIN_RANDOM_DRAWS = 100
 MIN_BOOTSTRAP_RESAMPLES = 1000
 
@@ -151,7 +153,15 @@ def evaluate(db_dir, split: dict, out_dir, *, settings=None, records_per_task_ca
         bootstrap_indices,
         per_group_ranking,
     )
-    from ..model.training import TrainSettings, group_weights, ranked_trajectories, ranker_arrays, train
+    from ..model.training import (
+        TrainSettings,
+        fit_transition,
+        group_task,
+        group_weights,
+        ranked_trajectories,
+        ranker_arrays,
+        train,
+    )
     from ..tuning.cost_model import pretrain_xgb, xgb_scores
 
     settings = settings or TrainSettings()
@@ -201,6 +211,17 @@ def evaluate(db_dir, split: dict, out_dir, *, settings=None, records_per_task_ca
         t = time.time()
         models[name] = ablation_model(base, latent, train_fit, val_fit, settings)
         timings[f"{name}-train"] = time.time() - t
+    contenders = CONTENDERS
+    if base.perf_score:
+        # F without the within-task loss: what the performance-aware latent adds to the paper's F
+        t = time.time()
+        plain, _ = fit_transition(train_ds, base.encoder, replace(settings, transition_perf_weight=0.0),
+                                  np.random.default_rng(settings.seed), progress)
+        models["state-matching"] = ablation_model(base.with_transition(plain), "rollout", train_fit, val_fit,
+                                                  settings)
+        timings["state-matching-train"] = time.time() - t
+    else:
+        contenders = tuple(c for c in CONTENDERS if c != "state-matching")
 
     t = time.time()
     finals = {}
@@ -218,7 +239,7 @@ def evaluate(db_dir, split: dict, out_dir, *, settings=None, records_per_task_ca
     scores: dict[str, np.ndarray] = {}
     _, lat, groups = ranker_arrays(models["cwm"], test_ds)
     weights = group_weights(test_ds, groups)
-    for name in ("cwm", "initial-state", "action-features", "final-state"):
+    for name in [c for c in contenders if c in models]:
         t = time.time()
         X = ranker_arrays(models[name], test_ds, finals if name == "final-state" else None)[0]
         scores[name] = models[name].ranker.predict(X)
@@ -227,7 +248,7 @@ def evaluate(db_dir, split: dict, out_dir, *, settings=None, records_per_task_ca
                                            for tid, trajs in ranked_trajectories(test_ds)])
 
     per_task_values, agg_weights = {}, None
-    for name in CONTENDERS:
+    for name in contenders:
         if name == "random":
             labels, values, agg = random_contender(lat, groups, weights, draws=random_draws, seed=seed)
         else:
@@ -237,13 +258,17 @@ def evaluate(db_dir, split: dict, out_dir, *, settings=None, records_per_task_ca
     idx = bootstrap_indices(len(labels), bootstrap_resamples, seed)
     intervals = {name: {m: _interval_json(bootstrap_ci(per_task_values[name][m], agg_weights[m], indices=idx,
                                                        confidence=confidence))
-                        for m in RANKING_METRICS} for name in CONTENDERS}
+                        for m in RANKING_METRICS} for name in contenders}
     results = {name: {m: iv["mean"] for m, iv in per.items()} for name, per in intervals.items()}
     differences = {name: {m: _interval_json(bootstrap_difference(per_task_values["cwm"][m], per_task_values[name][m],
                                                                  agg_weights[m], indices=idx, confidence=confidence))
-                          for m in RANKING_METRICS} for name in CONTENDERS if name != "cwm"}
-    per_task = {ds.tasks[tid].name: {name: float(per_task_values[name]["top1"][i]) for name in CONTENDERS}
-                for i, tid in enumerate(labels)}
+                          for m in RANKING_METRICS} for name in contenders if name != "cwm"}
+    def group_name(group):  # a ranking group is a task, or a task on one machine (see ranking_group)
+        task = group_task(group)
+        return ds.tasks[task].name + str(group)[len(task):]
+
+    per_task = {group_name(g): {name: float(per_task_values[name]["top1"][i]) for name in contenders}
+                for i, g in enumerate(labels)}
 
     cwm = models["cwm"]
     throughput = evaluator_throughput(cwm, xgb, test_ds, target, throughput_batch)
@@ -257,7 +282,7 @@ def evaluate(db_dir, split: dict, out_dir, *, settings=None, records_per_task_ca
     ranker_fit = "the ranker train() fitted" if not capped else "ranker refit on the capped records"
     report = {
         "protocol": {
-            "trained_in_this_run": list(CONTENDERS[:-1]),
+            "trained_in_this_run": [c for c in contenders if c != "random"],
             "train_split": "train",
             "validation_split": "val",
             "train_tasks": names(train_ds),
@@ -285,7 +310,8 @@ def evaluate(db_dir, split: dict, out_dir, *, settings=None, records_per_task_ca
         "records_per_task_cap": cap,
         "records_per_task_cap_applies_to": ("train and val records of every contender's ranker (the same "
                                             "seeded sample); test records are not capped" if cap else None),
-        "test_tasks": [ds.tasks[t].name for t in labels],
+        "test_tasks": list(dict.fromkeys(ds.tasks[group_task(g)].name for g in labels)),
+        "test_groups": len(labels),
         "test_records": int(len(lat)),
         "metrics": results,
         "intervals": intervals,

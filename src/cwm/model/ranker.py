@@ -32,6 +32,7 @@ __all__ = [
     "MODEL_FILE",
     "CONFIG_FILE",
     "relevance_labels",
+    "rank_labels",
     "RankerConfig",
     "LambdaRanker",
 ]
@@ -41,6 +42,7 @@ CONFIG_FILE = "ranker_config.json"
 _FORMAT = "cwm.ranker"
 _OBJECTIVES = ("rank:ndcg", "rank:pairwise")
 _PAIR_METHODS = ("topk", "mean")
+_LABELS = ("throughput", "rank")
 # XGBoost's NDCG with exponential gain requires labels < 32.
 _MAX_LEVELS = 32
 
@@ -77,6 +79,35 @@ def relevance_labels(latencies: Any, groups: Any, levels: int = 16) -> np.ndarra
     return labels
 
 
+def rank_labels(latencies: Any, groups: Any, levels: int = 32) -> np.ndarray:
+    """Integer grades ``0..levels-1`` from each candidate's rank within its group: the fastest gets
+    ``levels - 1`` and the grades are spread evenly over the group's ranks, so a pairwise objective
+    sees an order among the slow candidates too (``relevance_labels`` puts everything slower than
+    ~0.26x the best into grade 0). Ties share a grade; invalid candidates get 0."""
+    from scipy.stats import rankdata
+
+    levels = int(levels)
+    if levels < 2:
+        raise CwmError(f"levels must be >= 2, got {levels}")
+    lat = as_latencies(latencies)
+    codes, _ = group_codes(groups)
+    if len(lat) != len(codes):
+        raise CwmError(
+            f"latencies and groups must have the same length, got {len(lat)} and {len(codes)}"
+        )
+    labels = np.zeros(len(lat), dtype=np.int32)
+    valid = ~np.isnan(lat)
+    for g in np.unique(codes[valid]):
+        rows = np.flatnonzero(valid & (codes == g))
+        if len(rows) < 2:
+            labels[rows] = levels - 1
+            continue
+        # rank 1 = fastest; fraction of the group at least as slow, in (0, 1]
+        frac = 1.0 - (rankdata(lat[rows], method="min") - 1) / len(rows)
+        labels[rows] = np.clip(np.ceil(frac * levels) - 1, 0, levels - 1).astype(np.int32)
+    return labels
+
+
 # --------------------------------------------------------------------------- config
 
 
@@ -96,6 +127,10 @@ class RankerConfig:
     seed: int = 0
     n_jobs: int = 0
     label_levels: int = 16
+    # "throughput": floor(thr^2 * (levels-1)) grades; "rank": grades spread over within-group ranks
+    labels: str = "throughput"
+    # stop adding trees when the validation NDCG@10 has not improved for this many rounds (0: never)
+    early_stopping_rounds: int = 0
     # XGBoost's rank:ndcg hessians sum to only ~2 per group, so with
     # min_child_weight=1 an update() on one task's few dozen candidates can
     # not split at all (the root leaf of a single group is exactly 0).
@@ -130,6 +165,10 @@ class RankerConfig:
             )
         if self.n_jobs < 0:
             raise CwmError(f"n_jobs must be >= 0 (0 = all CPUs), got {self.n_jobs}")
+        if self.labels not in _LABELS:
+            raise CwmError(f"labels must be one of {_LABELS}, got {self.labels!r}")
+        if self.early_stopping_rounds < 0:
+            raise CwmError(f"early_stopping_rounds must be >= 0, got {self.early_stopping_rounds}")
         if not 2 <= self.label_levels <= _MAX_LEVELS:
             raise CwmError(f"label_levels must be in [2, {_MAX_LEVELS}], got {self.label_levels}")
 
@@ -238,7 +277,8 @@ class LambdaRanker:
             )
         if len(codes) == 0:
             return None
-        labels = relevance_labels(lat, codes, self.config.label_levels)
+        grade = rank_labels if self.config.labels == "rank" else relevance_labels
+        labels = grade(lat, codes, self.config.label_levels)
         valid = ~np.isnan(lat)
         n_valid = np.bincount(codes[valid], minlength=int(codes.max()) + 1)
         keep = n_valid[codes] >= 2
@@ -266,6 +306,7 @@ class LambdaRanker:
                 raise CwmError("eval_set has no group with at least 2 valid candidates")
             evals.append((dval, "val"))
         result: dict[str, dict[str, list[float]]] = {}
+        stopping = self.config.early_stopping_rounds if len(evals) > 1 and xgb_model is None else 0
         booster = xgb.train(
             {**self.config.xgb_params(), **(params or {})},
             dtrain,
@@ -274,7 +315,10 @@ class LambdaRanker:
             evals_result=result,
             verbose_eval=False,
             xgb_model=xgb_model,
+            early_stopping_rounds=stopping or None,
         )
+        if stopping and booster.best_iteration + 1 < booster.num_boosted_rounds():
+            booster = booster[: booster.best_iteration + 1]  # the trees up to the best validation round
         booster.set_param({"nthread": self.config.threads()})
         hist = {k: {m: [float(v) for v in vs] for m, vs in d.items()} for k, d in result.items()}
         return booster, hist

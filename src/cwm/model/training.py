@@ -38,8 +38,15 @@ class TrainSettings:
     transition_steps_per_trajectory: int = 4
     transition_epochs: int = 30
     transition_max_seconds: float = 240.0
+    # performance-aware F: weight of the within-task ranking loss on F's score head (0: the paper's
+    # state matching only), and how many measured trajectories per task train it
+    transition_perf_weight: float = 1.0
+    transition_perf_trajectories_per_task: int = 64
     # ranker
     ranker_estimators: int = 200
+    ranker_labels: str = "throughput"
+    ranker_label_levels: int = 16
+    ranker_early_stopping_rounds: int = 0
     seed: int = 0
     # a local Hugging Face RoBERTa checkpoint directory (e.g. codebert-base) to start E from
     encoder_checkpoint: str | None = None
@@ -97,16 +104,26 @@ def encoder_corpus(ds, per_task: int, rng) -> tuple[list[str], list[str]]:
     return texts, groups
 
 
-def transition_data(ds, encoder, per_task: int, steps_per_traj: int, rng, progress: bool = True):
-    """(z0, actions, targets): targets map a step to E(true state after that many actions)."""
+def transition_data(ds, encoder, per_task: int, steps_per_traj: int, rng, progress: bool = True,
+                    perf_per_task: int = 0):
+    """(z0, actions, targets, latencies, groups): targets map a step to E(true state after that many
+    actions) for ``per_task`` trajectories of each task; ``perf_per_task`` more valid trajectories
+    per task (if it has them) come with no targets, only their latency and ranking group, for F's
+    score head."""
     from tqdm import tqdm
 
     chosen = []
+    several = several_machines(ds)
     for tid, trajs in sorted(ds.by_task.items()):
-        for traj in _sample(trajs, per_task, rng):
+        picked_trajs = _sample(trajs, per_task, rng)
+        for traj in picked_trajs:
             steps = traj.ir_steps
             picked = sorted(set(_sample(steps[:-1], steps_per_traj, rng)) | {len(traj.actions)})
             chosen.append((traj, picked))
+        if perf_per_task:
+            taken = {id(t) for t in picked_trajs}
+            rest = [t for t in trajs if t.valid and id(t) not in taken]
+            chosen.extend((traj, []) for traj in _sample(rest, perf_per_task, rng))
     texts, where = [], []
     for i, (traj, steps) in enumerate(tqdm(chosen, desc="replay states", disable=not progress)):
         for s in steps:
@@ -119,7 +136,9 @@ def transition_data(ds, encoder, per_task: int, steps_per_traj: int, rng, progre
     task_ids = sorted({t.task_id for t, _ in chosen})
     initial = dict(zip(task_ids, encoder.encode([ds.initial_states[tid] for tid in task_ids])))
     z0 = np.stack([initial[t.task_id] for t, _ in chosen])
-    return z0, [t.actions for t, _ in chosen], targets
+    latencies = [t.latency if t.valid else float("nan") for t, _ in chosen]
+    groups = [ranking_group(t.task_id, t.machine, several) for t, _ in chosen]
+    return z0, [t.actions for t, _ in chosen], targets, latencies, groups
 
 
 def ranking_group(task_id: str, machine: str, several_machines: bool) -> str:
@@ -174,6 +193,26 @@ def ranker_arrays(model, ds, final_latents: dict | None = None):
     return np.concatenate(xs), np.asarray(lats, dtype=float), np.asarray(groups)
 
 
+def fit_transition(train_ds, encoder, settings: TrainSettings, rng, progress: bool = True):
+    """F trained on ``train_ds`` over ``encoder``'s latents: state matching on replayed states, plus the
+    within-task ranking loss on its score head when ``settings.transition_perf_weight > 0``.
+    Returns ``(Transition, counts)``."""
+    from .transition import Transition, TransitionConfig
+
+    perf = settings.transition_perf_weight > 0
+    z0, actions, targets, latencies, groups = transition_data(
+        train_ds, encoder, settings.transition_trajectories_per_task, settings.transition_steps_per_trajectory,
+        rng, progress, perf_per_task=settings.transition_perf_trajectories_per_task if perf else 0)
+    transition = Transition(TransitionConfig(state_dim=encoder.dim, epochs=settings.transition_epochs,
+                                             perf_weight=settings.transition_perf_weight, seed=settings.seed))
+    transition.fit(z0, actions, targets, progress=progress, max_seconds=settings.transition_max_seconds,
+                   latencies=latencies if perf else None, groups=groups if perf else None)
+    counts = {"transition_trajectories": len(actions),
+              "transition_targets": int(sum(len(x) for x in targets)),
+              "transition_ranked_trajectories": len(actions) if perf else 0}
+    return transition, counts
+
+
 def fit_ranker(model, train_ds, val_ds, settings: TrainSettings, final_latents=None):
     from .ranker import LambdaRanker, RankerConfig
 
@@ -183,6 +222,8 @@ def fit_ranker(model, train_ds, val_ds, settings: TrainSettings, final_latents=N
     # (leave-one-task-out pairwise accuracy 0.68 vs 0.57 for rank:ndcg on the reference data).
     ranker = LambdaRanker(RankerConfig(objective="rank:pairwise", n_estimators=settings.ranker_estimators,
                                        max_depth=6, learning_rate=0.1, lambdarank_num_pair_per_sample=32,
+                                       labels=settings.ranker_labels, label_levels=settings.ranker_label_levels,
+                                       early_stopping_rounds=settings.ranker_early_stopping_rounds,
                                        seed=settings.seed))
     ranker.fit(X, y, g, eval_set=eval_set, feature_names=model.feature_names)
     return ranker
@@ -211,7 +252,6 @@ def _train(db_dir, split: dict, out_dir, settings: TrainSettings | None, *, prog
     from .encoder import EncoderConfig, StateEncoder
     from .metrics import evaluate_ranking
     from .ranker import LambdaRanker
-    from .transition import Transition, TransitionConfig
     from .world_model import TRAIN_SPLIT_FILE, WorldModel, WorldModelConfig, check_output_dir
 
     settings = settings or TrainSettings()
@@ -250,14 +290,9 @@ def _train(db_dir, split: dict, out_dir, settings: TrainSettings | None, *, prog
 
     # 2. Transition
     t = time.time()
-    z0, actions, targets = transition_data(train_ds, encoder, settings.transition_trajectories_per_task,
-                                           settings.transition_steps_per_trajectory, rng, progress)
-    transition = Transition(TransitionConfig(state_dim=encoder.dim, epochs=settings.transition_epochs,
-                                             seed=settings.seed))
-    transition.fit(z0, actions, targets, progress=progress, max_seconds=settings.transition_max_seconds)
+    transition, counts = fit_transition(train_ds, encoder, settings, rng, progress)
     report.transition_loss = [h.get("loss") for h in transition.history_]
-    report.counts["transition_trajectories"] = len(actions)
-    report.counts["transition_targets"] = int(sum(len(x) for x in targets))
+    report.counts.update(counts)
     if distributed.is_distributed():
         report.counts["ranks"] = distributed.world_size()
     report.seconds["transition"] = time.time() - t

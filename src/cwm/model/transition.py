@@ -12,6 +12,11 @@ predicted terminal state ``z_T`` is what the downstream ranker sees.
 Training (:class:`Transition`) supervises the rollout with the encoded true intermediate
 states (usually after IR-changing actions, always the terminal one): an L2 state-matching term
 plus a margin ranking term against the true states of the other trajectories of the batch.
+
+With ``perf_weight > 0`` the latent is also made performance-aware: a small score head over
+``(z_T, z_T - z0)`` is trained with a within-task pairwise loss on measured latencies, so that
+trajectories of one task that differ in speed end in latents that differ along the head's
+direction. State matching alone cannot do that: E's targets erase within-task differences.
 """
 
 from __future__ import annotations
@@ -67,6 +72,13 @@ class TransitionConfig:
     seed: int = 0
     num_kinds: int = len(KNOWN_KINDS)
     num_args: int = NUM_ARGS
+    # within-task ranking loss on a score head over z_T (0: state matching only, the paper's F)
+    perf_weight: float = 0.0
+    perf_hidden: int = 64
+    # latency pairs closer than this relative gap are label noise, not an order to learn
+    perf_min_gap: float = 0.03
+    # trajectories of one ranking group per chunk of a batch (pairs form within a chunk)
+    perf_group_size: int = 16
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -160,6 +172,18 @@ class TransitionModel(nn.Module):
         self.config = config
         self.embed = ActionEmbedding(config)
         self.step = TransH(config)
+        self.score_head: nn.Module | None = None
+        if config.perf_weight > 0:
+            d = config.state_dim
+            self.score_head = nn.Sequential(nn.Linear(2 * d, config.perf_hidden), nn.GELU(),
+                                            nn.Linear(config.perf_hidden, 1))
+
+    def score(self, z0: torch.Tensor, z_T: torch.Tensor) -> torch.Tensor:
+        """The score head's output ``[B]`` (higher = predicted faster) for terminal latents ``z_T``
+        rolled out from ``z0``."""
+        if self.score_head is None:
+            raise CwmError("this transition model has no score head (trained with perf_weight 0)")
+        return self.score_head(torch.cat([z_T, z_T - z0], dim=-1)).squeeze(-1)
 
     def action_params(
         self, kind: torch.Tensor, args: torch.Tensor
@@ -436,10 +460,39 @@ def rollout_loss(
     return total, {"match": match.detach(), "rank": rank.detach()}
 
 
+def within_task_rank_loss(
+    scores: torch.Tensor, log_latency: torch.Tensor, group: torch.Tensor, min_gap: float = 0.03
+) -> torch.Tensor:
+    """Pairwise logistic (RankNet) loss over the pairs of one group whose latencies differ by more
+    than ``min_gap`` (relative): ``mean softplus(s_slow - s_fast)``. ``scores``, ``log_latency``
+    and ``group`` are ``[B]``; non-finite latencies take part in no pair. 0 when no pair exists."""
+    ok = torch.isfinite(log_latency)
+    lat = torch.where(ok, log_latency, torch.zeros_like(log_latency))
+    faster = (lat.unsqueeze(1) + float(np.log1p(min_gap))) < lat.unsqueeze(0)  # [i, j]: i faster than j
+    pair = faster & (group.unsqueeze(1) == group.unsqueeze(0)) & ok.unsqueeze(1) & ok.unsqueeze(0)
+    if not bool(pair.any()):
+        return scores.sum() * 0.0
+    margin = scores.unsqueeze(0) - scores.unsqueeze(1)  # [i, j] = s_j - s_i
+    return F.softplus(margin[pair]).mean()
+
+
 def _pairwise_sq(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``||a[s,i] - b[s,j]||^2`` for ``a, b [S,B,d]`` -> ``[S,B,B]``."""
     sq = (a * a).sum(-1).unsqueeze(-1) + (b * b).sum(-1).unsqueeze(-2) - 2.0 * a @ b.transpose(1, 2)
     return sq.clamp(min=0.0)
+
+
+def _group_batches(group_ids: np.ndarray, chunk: int, batch_size: int, rng) -> list[np.ndarray]:
+    """One epoch's batches for the within-task loss: each group's rows shuffled and cut into chunks
+    of at most ``chunk``, the chunks shuffled and packed into batches of about ``batch_size`` rows."""
+    chunks = []
+    for g in np.unique(group_ids):
+        rows = rng.permutation(np.flatnonzero(group_ids == g))
+        chunks.extend(rows[c : c + chunk] for c in range(0, len(rows), max(1, chunk)))
+    per_batch = max(1, batch_size // max(1, chunk))
+    order = rng.permutation(len(chunks))
+    return [np.concatenate([chunks[i] for i in order[b : b + per_batch]])
+            for b in range(0, len(order), per_batch)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -490,8 +543,16 @@ class Transition:
         max_seconds: float | None = None,
         warm_start: bool = False,
         epochs: int | None = None,
+        latencies: Sequence[float] | None = None,
+        groups: Sequence[str] | None = None,
     ) -> "Transition":
         """Train on ``N`` trajectories.
+
+        ``latencies`` and ``groups`` (one per trajectory; the ranking group is usually the task)
+        train the score head when ``config.perf_weight > 0``: batches are then made of chunks of
+        ``perf_group_size`` trajectories of one group, and the within-task pairwise loss
+        (:func:`within_task_rank_loss`) on ``(z_T, z_T - z0)`` joins the rollout loss. A
+        trajectory's targets may be empty: it then trains the score head only.
 
         ``targets[i]`` maps a step ``t`` (number of actions applied, ``1..T_i``) to the encoded
         true state after ``t`` actions; other steps are ignored. Training stops early after
@@ -535,6 +596,15 @@ class Transition:
             tgt_steps.append(np.asarray(steps, dtype=np.int64))
             tgt_vals.append(np.stack(vals) if vals else np.zeros((0, d), np.float32))
 
+        perf = float(cfg.perf_weight) > 0 and latencies is not None
+        if perf:
+            if groups is None or len(latencies) != N or len(groups) != N:
+                raise CwmError(f"fit needs one latency and one group per trajectory: {N} trajectories, "
+                               f"{len(latencies)} latencies, {0 if groups is None else len(groups)} groups")
+            with np.errstate(divide="ignore", invalid="ignore"):
+                log_lat = np.log(np.asarray(latencies, dtype=np.float64))
+            log_lat = np.where(np.isfinite(log_lat), log_lat, np.nan).astype(np.float32)
+            group_ids = np.unique(np.asarray([str(g) for g in groups]), return_inverse=True)[1]
         if warm_start and self.model_ is not None:
             model = copy.deepcopy(self.model_)
         else:
@@ -542,19 +612,27 @@ class Transition:
         model.train()
         n_epochs = int(cfg.epochs if epochs is None else epochs)
         parallel = distributed.is_distributed()
-        rollout = distributed.ddp(model.rollout, model) if parallel else model.rollout
+
+        def forward(zb, kind, args, mask):
+            z_all, z_T = model.rollout(zb, kind, args, mask)
+            return z_all, z_T, (model.score(zb, z_T) if perf else None)
+
+        rollout = distributed.ddp(forward, model) if parallel else forward
         opt = torch.optim.Adam(model.parameters(), lr=float(cfg.lr))
         rng = np.random.default_rng(int(cfg.seed))
         bs = max(1, int(cfg.batch_size))
         self.history_ = []
         stop = False
         for epoch in range(n_epochs):
-            order = rng.permutation(N)
-            sums = {"loss": 0.0, "match": 0.0, "rank": 0.0}
+            sums = {"loss": 0.0, "match": 0.0, "rank": 0.0, "perf": 0.0}
             n_batches = 0
-            batches = [order[b0 : b0 + bs] for b0 in range(0, N, bs)]
+            if perf:
+                batches = _group_batches(group_ids, int(cfg.perf_group_size), bs, rng)
+            else:
+                order = rng.permutation(N)
+                batches = [order[b0 : b0 + bs] for b0 in range(0, N, bs)]
             if parallel:  # every step of every rank must run a backward pass, so skip no batch
-                batches = [idx for idx in batches if any(len(tgt_steps[i]) for i in idx)]
+                batches = [idx for idx in batches if perf or any(len(tgt_steps[i]) for i in idx)]
             for idx, weight in distributed.shard(batches) if parallel else ((b, 1.0) for b in batches):
                 kind, args, mask = pad_batch([encoded[i] for i in idx])
                 zb = torch.from_numpy(z0[idx])
@@ -568,9 +646,9 @@ class Transition:
                         tm[r, tgt_steps[i]] = True
                 tgt = torch.from_numpy(tg)
                 tmask = torch.from_numpy(tm)
-                if not tm.any():
+                if not tm.any() and not perf:
                     continue
-                z_all, _ = rollout(zb, kind, args, mask)
+                z_all, z_T, scores = rollout(zb, kind, args, mask)
                 known = tmask.clone()
                 known[:, 0] = True
                 neg, row_ok = _fill_states(tgt, known)
@@ -584,6 +662,12 @@ class Transition:
                     match_weight=float(cfg.match_weight),
                     rank_weight=float(cfg.rank_weight),
                 )
+                if perf:
+                    perf_loss = within_task_rank_loss(
+                        scores, torch.from_numpy(log_lat[idx]),
+                        torch.from_numpy(group_ids[idx]), float(cfg.perf_min_gap))
+                    loss = loss + float(cfg.perf_weight) * perf_loss
+                    parts["perf"] = perf_loss.detach()
                 opt.zero_grad(set_to_none=True)
                 (loss * weight if weight != 1.0 else loss).backward()
                 nn.utils.clip_grad_norm_(model.parameters(), 5.0)
@@ -592,6 +676,7 @@ class Transition:
                     sums["loss"] += float(loss.detach())
                     sums["match"] += float(parts["match"])
                     sums["rank"] += float(parts["rank"])
+                    sums["perf"] += float(parts.get("perf", 0.0))
                     n_batches += 1
                 if distributed.time_up(start, max_seconds):
                     stop = True
@@ -607,7 +692,8 @@ class Transition:
                 self.history_.append(rec)
                 msg = (
                     f"transition epoch {epoch + 1}/{n_epochs}: loss {rec['loss']:.4f} "
-                    f"(match {rec['match']:.4f}, rank {rec['rank']:.4f}) {rec['seconds']:.1f}s"
+                    f"(match {rec['match']:.4f}, rank {rec['rank']:.4f}, perf {rec['perf']:.4f}) "
+                    f"{rec['seconds']:.1f}s"
                 )
                 log.info(msg)
                 if progress and distributed.is_main():
@@ -638,6 +724,20 @@ class Transition:
             batch = encode_batch(actions_list[s : s + bs])
             out[s : s + bs] = self._predict_tensors(model, z0[s : s + bs], batch)
         return out
+
+    @property
+    def has_score_head(self) -> bool:
+        return self.model_ is not None and self.model_.score_head is not None
+
+    def scores(self, z0: np.ndarray, z_T: np.ndarray) -> np.ndarray:
+        """The score head on terminal latents ``z_T [N, d]`` rolled out from ``z0 [N, d]``:
+        ``[N]`` float32, higher = predicted faster (within a task)."""
+        model = self._check_fitted()
+        d = int(self.config.state_dim)
+        z0, z_T = _as_z(z0, d), _as_z(z_T, d, "z_T")
+        with torch.inference_mode():
+            return model.score(torch.from_numpy(np.ascontiguousarray(z0)),
+                               torch.from_numpy(np.ascontiguousarray(z_T))).numpy().astype(np.float32)
 
     def predict_encoded(
         self,
@@ -761,4 +861,5 @@ __all__ = [
     "pad_batch",
     "rollout",
     "rollout_loss",
+    "within_task_rank_loss",
 ]

@@ -35,8 +35,12 @@ TRAIN_SPLIT_FILE = "train_split.json"  # beside the model: the split it was trai
 LATENTS = ("rollout", "final", "initial", "none")
 
 
-def feature_names(latent_dim: int, latent: str) -> list[str]:
+def feature_names(latent_dim: int, latent: str, perf_score: bool = False) -> list[str]:
+    """The ranker's columns: the latent (none for ``none``), F's score head on it (``perf_score``, only
+    for ``rollout``), then the action, loop-nest and hardware features."""
     z = [] if latent == "none" else [f"z{i}" for i in range(latent_dim)]
+    if perf_score and latent == "rollout":
+        z.append("perf")
     return (z + [f"act:{n}" for n in STRUCT_NAMES] + [f"sched:{n}" for n in SCHEDULE_FEATURE_NAMES]
             + [f"hw:{n}" for n in HARDWARE_FEATURE_NAMES])
 
@@ -139,8 +143,14 @@ class WorldModel:
         return self.encoder.dim
 
     @property
+    def perf_score(self) -> bool:
+        """Whether the ranker sees F's score head (a rolled-out model whose F has one)."""
+        return (self.config.latent == "rollout" and self.transition is not None
+                and getattr(self.transition, "has_score_head", False))
+
+    @property
     def feature_names(self) -> list[str]:
-        return feature_names(self.latent_dim, self.config.latent)
+        return feature_names(self.latent_dim, self.config.latent, self.perf_score)
 
     def initial_latent(self, initial_text: str) -> np.ndarray:
         """E(s0), computed once per distinct initial state."""
@@ -162,7 +172,10 @@ class WorldModel:
         latent = self.config.latent
         if latent == "rollout":
             z0 = np.repeat(self.initial_latent(initial_text)[None, :], n, axis=0)
-            parts.append(self.transition.predict(z0, actions_list).astype(np.float32))
+            z_T = self.transition.predict(z0, actions_list).astype(np.float32)
+            parts.append(z_T)
+            if self.perf_score:
+                parts.append(self.transition.scores(z0, z_T)[:, None])
         elif latent == "initial":
             parts.append(np.repeat(self.initial_latent(initial_text)[None, :], n, axis=0))
         elif latent == "final":
@@ -213,6 +226,7 @@ class WorldModel:
             "format_version": FORMAT_VERSION,
             "latent": self.config.latent,
             "latent_dim": self.latent_dim,
+            "perf_score": self.perf_score,
             "feature_layout": layout_id(names),
             "n_features": len(names),
             **{k: v for k, v in self.config.to_dict().items() if k != "latent"},
@@ -264,7 +278,7 @@ class WorldModel:
         if latent not in LATENTS:
             raise CwmError(f"{cfg_path}: unknown latent {latent!r}; this cwm knows {', '.join(LATENTS)}")
         try:
-            names = feature_names(int(meta.get("latent_dim", 0)), latent)
+            names = feature_names(int(meta.get("latent_dim", 0)), latent, bool(meta.get("perf_score", False)))
         except (TypeError, ValueError):
             raise CwmError(f"{cfg_path}: latent_dim must be an integer, got {meta.get('latent_dim')!r}") from None
         if meta.get("feature_layout") != layout_id(names):
@@ -272,6 +286,8 @@ class WorldModel:
                            f"({meta.get('feature_layout')}, this cwm uses {layout_id(names)}); retrain it")
         encoder = StateEncoder.load(directory / "encoder")
         transition = Transition.load(directory / "transition") if latent == "rollout" else None
+        if bool(meta.get("perf_score", False)) != bool(transition is not None and transition.has_score_head):
+            raise CwmError(f"{cfg_path} and {directory / 'transition'} disagree on F's score head; retrain it")
         ranker = LambdaRanker.load(directory / "ranker")
         if ranker.n_features_ != len(names):
             raise CwmError(f"{directory / 'ranker'} expects {ranker.n_features_} features, "
