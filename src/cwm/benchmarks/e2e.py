@@ -96,13 +96,18 @@ def _network_spec(entry):
     """(name, torch model, example inputs) from a network name or such a tuple (tiny mode)."""
     if isinstance(entry, str):
         model, inputs = torch_model(entry) if entry in NETWORKS else zoo.resolve(entry)[1]()
-        return entry, model, tuple(inputs)
+        return _label_of(entry), model, tuple(inputs)
     if isinstance(entry, (tuple, list)) and len(entry) == 3:
         name, model, inputs = entry
         if not isinstance(inputs, (tuple, list)):
             inputs = (inputs,)
         return str(name), model, tuple(inputs)
     raise CwmError(f"a network is a name or a (name, torch model, example inputs) tuple, got {entry!r}")
+
+
+def _label_of(name: str) -> str:
+    """A network's name in the report and under the work root: a model file by its file name."""
+    return Path(name).name if name.endswith(".pt2") else name
 
 
 def _db_fingerprint(db_dir: Path | None) -> list | None:
@@ -478,7 +483,7 @@ def run_e2e_benchmark(
 
     for net in networks:
         if isinstance(net, str) or not isinstance(net, (tuple, list)) or len(net) != 3:
-            name = net
+            name = _label_of(net) if isinstance(net, str) else net
         else:
             name = str(net[0])
         if isinstance(name, str) and name in summary["networks"]:

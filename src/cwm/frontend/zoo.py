@@ -56,7 +56,23 @@ def _pt2(path: Path):
     from .pytorch import load_pt2
 
     imported = load_pt2(path)
-    return imported.torch_model, tuple(torch.from_numpy(x) for x in imported.example_inputs)
+
+    class Exported(torch.nn.Module):
+        """An exported program's module as an eval-mode ``nn.Module`` (its own ``eval()`` raises)."""
+
+        cwm_family = imported.family  # for cwm.deploy.check.tolerance_for
+
+        def __init__(self, inner):
+            super().__init__()
+            object.__setattr__(self, "inner", inner)  # not a child: train()/eval() would reach it
+
+        def forward(self, *args):
+            return self.inner(*args)
+
+        def state_dict(self, *args, **kwargs):
+            return self.inner.state_dict(*args, **kwargs)
+
+    return Exported(imported.torch_model).eval(), tuple(torch.from_numpy(x) for x in imported.example_inputs)
 
 
 def resolve(name: str):
