@@ -27,7 +27,9 @@ def test_train_and_eval_cli_end_to_end(multi_db, multi_split, tmp_path):
                                       "--out", str(out), "--tiny"])
     assert result.exit_code == 0, result.output
     ev = json.loads((out / "eval.json").read_text())
-    assert set(ev["metrics"]) == {"cwm", "xgb-static", "final-state", "initial-state", "action-features", "random"}
+    # the tiny model's F has the score head, so the state-matching ablation (the paper's F) is scored too
+    assert set(ev["metrics"]) == {"cwm", "state-matching", "xgb-static", "final-state", "initial-state",
+                                  "action-features", "random"}
     for m in ev["metrics"].values():
         assert 0.0 <= m["pairwise_accuracy"] <= 1.0 and 0.0 < m["top1"] <= 1.0
     t = ev["throughput"]
@@ -198,7 +200,8 @@ def test_cost_model_feature_cache_matches_fresh_features(tiny_model, multi_db):
     cm.max_cached_rows = len(cands) // 2 + 1
     cm._features(ctx, cands[: len(cands) // 2])
     _, bounded = cm._features(ctx, cands)
-    assert np.array_equal(bounded, first) and len(cm._rows) <= len(cands)
+    # allclose: the score head's matmuls round differently with another batch size
+    assert np.allclose(bounded, first, atol=1e-5) and len(cm._rows) <= len(cands)
 
 
 def test_scoring_pauses_the_garbage_collector_and_restores_it(tiny_model, multi_db, monkeypatch):
