@@ -226,3 +226,39 @@ def test_the_search_report_names_marked_subgraphs():
                "in_training": {"a": ["cwm"]}}
     text = _markdown(summary)
     assert "| a (in training: cwm) |" in text and "| b |" in text
+
+
+def test_the_score_transform_ab_contender_runs_on_cwms_model(tmp_path, monkeypatch):
+    """``--contenders cwm,cwm-zscore``: both tune with the shipped model path and are marked by its
+    training tasks (tuning and re-measuring are stubbed: nothing is run)."""
+    from types import SimpleNamespace
+
+    from typer.testing import CliRunner
+
+    import cwm.benchmarks.search
+    from cwm.benchmarks.search import CONTENDERS, training_marks
+    from cwm.cli import app
+    from cwm.model.world_model import default_model_dir
+    from cwm.workloads import resolve_task
+
+    calls = []
+
+    def fake_tune(task, **kwargs):
+        calls.append((kwargs["cost_model"], kwargs["model_path"], kwargs["finetune_transition"]))
+        return SimpleNamespace(best={task.id: {"latency": 1e-3, "trace": None}}, curve=[1e-3] * 4,
+                               cost_model_seconds=0.1, trials=4)
+
+    monkeypatch.setattr(cwm.benchmarks.search, "tune", fake_tune)
+    monkeypatch.setattr(cwm.benchmarks.search, "remeasure_interleaved", lambda items, *a, **k: [1e-3] * len(items))
+    res = CliRunner().invoke(app, ["bench", "search", "matmul:M=32,N=32,K=32", "--contenders", "cwm,cwm-zscore,xgb",
+                                   "--seeds", "1", "--budget", "4", "--per-iter", "4", "--out", str(tmp_path / "out"),
+                                   "--work-root", str(tmp_path / "runs")])
+    assert res.exit_code == 0, res.output
+    model = default_model_dir()
+    assert calls == [("cwm", model, False), ("cwm-zscore", model, False), ("xgb", None, False)]
+    summary = json.loads((tmp_path / "out" / "search.json").read_text())
+    assert set(summary["per_subgraph"]["matmul:M=32,N=32,K=32"]) == {"cwm", "cwm-zscore", "xgb"}
+    assert "cwm-zscore" not in CONTENDERS  # opt-in, like the world-model variants
+    seen = resolve_task("dense_relu:M=128,N=512,K=256")  # in the default model's training split
+    marks = training_marks([seen], ["cwm", "cwm-zscore"], model)
+    assert marks == {seen.name: ["cwm", "cwm-zscore"]}

@@ -63,3 +63,24 @@ def test_machine_difference_names_what_differs():
         "mcpu znver5 -> znver3, simd_bits 512 -> 256"
     assert machine_difference(zen5, {"kind": "cuda", "mcpu": ""}) == "kind cpu -> cuda"
     assert machine_difference(None, zen5) is None and machine_difference(zen5, {}) is None
+
+
+def test_machine_difference_of_a_model_trained_on_several_machines():
+    from cwm.hardware import machine_difference
+
+    # the shipped model: trained on a Xeon, on records of four machines
+    xeon = {"kind": "cpu", "mcpu": "rocketlake", "simd_bits": 512}
+    machines = ["rocketlake", "znver3", "znver4", "znver5"]
+    zen5 = {"kind": "cpu", "mcpu": "znver5", "simd_bits": 512, "l2_kb": 1024}
+    assert machine_difference(xeon, zen5) == "mcpu rocketlake -> znver5"  # the training host alone
+    assert machine_difference(xeon, zen5, machines) is None  # a Zen 5 host is one of its machines
+    assert machine_difference(xeon, dict(zen5, mcpu="znver3", simd_bits=256), machines) is None
+    assert machine_difference(xeon, {"kind": "cpu", "mcpu": "haswell", "simd_bits": 256}, machines) == \
+        "mcpu rocketlake/znver3/znver4/znver5 -> haswell"
+    assert machine_difference(xeon, {"kind": "cuda", "mcpu": "sm_90", "simd_bits": 1024}, machines) == \
+        "kind cpu -> cuda, mcpu rocketlake/znver3/znver4/znver5 -> sm_90, simd_bits 256/512 -> 1024"
+    # a single named machine behaves like the model's own hardware; "unknown" records took it
+    assert machine_difference(zen5, dict(zen5, mcpu="znver3", simd_bits=256), ["znver5"]) == \
+        "mcpu znver5 -> znver3, simd_bits 512 -> 256"
+    assert machine_difference(zen5, zen5, ["unknown"]) is None
+    assert machine_difference(xeon, None, machines) is None

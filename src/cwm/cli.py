@@ -12,7 +12,7 @@ import typer
 
 from .data.database import RECORD_FILE, merge_databases
 from .data.dataset import load_dataset
-from .data.reference import REFERENCE_ARCHIVE, pack_database, resolve_db
+from .data.reference import REFERENCE_ARCHIVE, SHIPPED_TRAINING_DB, SHIPPED_TRAINING_SPLIT, pack_database, resolve_db
 from .data.split import load_split, make_split, task_shapes
 from .data.stats import format_dataset_stats, plot_dataset_stats
 from .deploy.build import build_network, random_inputs
@@ -153,7 +153,7 @@ def _load_model_file(path: Path, target, input_shape: list[str] | None):
 def tune(
     workload: Optional[str] = typer.Argument(None, help=f"Registry workload, network task or model file "
                                              f"({', '.join(MODEL_FILES)}) (default {DEFAULT_WORKLOAD})."),
-    network: Optional[str] = typer.Option(None, help="Tune a network: its compute tasks share --trials, weighted; "
+    network: Optional[str] = typer.Option(None, help="Tune a network: its compute tasks share --trials (at least 4 each, the rest by estimated time); "
                                           "its layout tasks get 8 trials each on top."),
     tir: Optional[Path] = typer.Option(None, "--tir", help="A TVMScript file with your own kernel."),
     model_file: Optional[Path] = typer.Option(None, "--model-file", help=MODEL_FILE_HELP + " Tuned like --network."),
@@ -315,11 +315,12 @@ def bench_search(
     large_budget: Optional[int] = typer.Option(None, help="Also run xgb at this budget and cwm at a tenth of it."),
     seeds: int = typer.Option(3, help="Seeds per contender (at least 3 for a report)."),
     contenders: str = typer.Option(",".join(("cwm", "xgb", "xgb-pretrained", "random")),
-                                   help="Comma-separated; also cwm-initial (no-transition ablation) and "
-                                   "cwm-finetune (transition fine-tuned online)."),
+                                   help="Comma-separated; also cwm-initial (no-transition ablation), "
+                                   "cwm-finetune (transition fine-tuned online) and cwm-zscore (the per-call "
+                                   "score transform of earlier releases)."),
     model: Optional[Path] = typer.Option(None, "--world-model", "--model", help=WORLD_MODEL_HELP),
-    db: Path = typer.Option(Path("reference"), help="Training database (for xgb-pretrained and cwm-initial)."),
-    split: Path = typer.Option(Path("data/reference/split.json"), help="Split (for xgb-pretrained and cwm-initial)."),
+    db: Path = typer.Option(Path(SHIPPED_TRAINING_DB), help="Training database (for xgb-pretrained and cwm-initial)."),
+    split: Path = typer.Option(SHIPPED_TRAINING_SPLIT, help="Split (for xgb-pretrained and cwm-initial)."),
     out: Path = typer.Option(Path("benchmarks/results/search")),
     work_root: Path = typer.Option(Path("runs/bench_search"), help="Per-run databases (resumable)."),
     per_iter: int = typer.Option(32, help="num_trials_per_iter of the search."),
@@ -454,7 +455,7 @@ def bench_e2e(
                                          "built-in names, any torchvision model (e.g. efficientnet_b0), any "
                                          "transformers model type (e.g. roberta; random init), torchvision:NAME, "
                                          "transformers:TYPE, or a .pt2 file."),
-    trials_per_task: int = typer.Option(64, help="Tuning budget per task (weighted, gradient scheduler)."),
+    trials_per_task: int = typer.Option(64, help="Tuning budget per compute task, split over the tasks by estimated time (at least 4 each)."),
     model: Optional[Path] = typer.Option(None, "--world-model", "--model", help=WORLD_MODEL_HELP),
     out: Path = typer.Option(Path("benchmarks/results/e2e")),
     work_root: Path = typer.Option(
@@ -465,9 +466,9 @@ def bench_e2e(
     seeds: int = typer.Option(1, help="Tuning seeds per cost model (latency is their geometric mean)."),
     cost_models: str = typer.Option("xgb,cwm", help=f"Comma-separated cost models to tune with, of {', '.join(cost_model_names())}."),
     num_trials_per_iter: int = typer.Option(16, help="Candidates measured per task-scheduler round."),
-    db: Path = typer.Option(Path("reference"), "--db", help="Training database of the world model (for "
+    db: Path = typer.Option(Path(SHIPPED_TRAINING_DB), "--db", help="Training database of the world model (for "
                             "xgb-pretrained and --leave-network-out)."),
-    split: Path = typer.Option(Path("data/reference/split.json"), "--split",
+    split: Path = typer.Option(SHIPPED_TRAINING_SPLIT, "--split",
                                help="Its split (for xgb-pretrained and --leave-network-out)."),
     onnxruntime: bool = typer.Option(True, "--onnxruntime/--no-onnxruntime", help="Time ONNX Runtime too (CPU "
                                      "provider, all graph optimizations, 2 threads; model from torch.onnx.export)."),

@@ -178,15 +178,53 @@ def make_target(spec: str | dict | None = None):
         raise CwmError(f"invalid target {json.dumps(spec)}: {first}") from err
 
 
-def machine_difference(trained: dict | None, here: dict | None) -> str | None:
-    """How the machine a model was trained on differs from this one (kind, LLVM CPU, SIMD
-    width), as text; None when they agree or either is unknown."""
-    if not trained or not here:
+_COMPARED = ("kind", "mcpu", "simd_bits")
+
+
+def _known(value) -> bool:
+    return value not in (None, "")
+
+
+def _differences(trained: dict, here: dict) -> list[str]:
+    return [f"{key} {trained.get(key)} -> {here.get(key)}" for key in _COMPARED
+            if _known(trained.get(key)) and _known(here.get(key)) and trained.get(key) != here.get(key)]
+
+
+def _named_machine(name: str, trained: dict | None) -> dict:
+    """What is known of a machine by the name records give it (``cwm.data.dataset.machine_of``: an LLVM
+    CPU, a target kind, or ``unknown``): ``trained`` where it names that machine (or the name is
+    unknown: such records took the database's hardware), else its ``KNOWN_CPU_HARDWARE`` row."""
+    trained = trained or {}
+    if name == UNKNOWN_MACHINE or (trained.get("mcpu") == name and trained.get("kind", "cpu") == "cpu"):
+        return trained
+    if name == "cuda":
+        return {"kind": "cuda"}
+    row = KNOWN_CPU_HARDWARE.get(name, {})
+    return {"kind": "cpu", "mcpu": name, "simd_bits": row.get("simd_bits")}
+
+
+def machine_difference(trained: dict | None, here: dict | None, machines: list[str] | None = None) -> str | None:
+    """How the machines a model was trained on differ from this one (kind, LLVM CPU, SIMD width), as
+    text; None when one of them agrees with it or nothing is known to compare.
+
+    ``trained`` is the model's ``config.hardware`` (the machine ``cwm train`` ran on, which describes
+    the records of a single-machine database); ``machines`` are the names of the machines its records
+    came from (``config.trained_on["machines"]``), each described by ``KNOWN_CPU_HARDWARE`` where it is
+    not ``trained``'s. A model trained on several machines matches a host like any one of them."""
+    if not here:
         return None
-    diffs = [f"{key} {trained.get(key)} -> {here.get(key)}" for key in ("kind", "mcpu", "simd_bits")
-             if trained.get(key) not in (None, "") and here.get(key) not in (None, "")
-             and trained.get(key) != here.get(key)]
-    return ", ".join(diffs) or None
+    candidates = [_named_machine(str(m), trained) for m in machines] if machines else [trained or {}]
+    diffs = [_differences(c, here) for c in candidates]
+    if any(not d for d in diffs):
+        return None
+    if len(candidates) == 1:
+        return ", ".join(diffs[0])
+    out = []
+    for key in _COMPARED:
+        values = sorted({str(c.get(key)) for c in candidates if _known(c.get(key))})
+        if values and _known(here.get(key)) and str(here.get(key)) not in values:
+            out.append(f"{key} {'/'.join(values)} -> {here.get(key)}")
+    return ", ".join(out) or f"none of {', '.join(str(m) for m in machines)}"
 
 
 def hardware_for_target(target) -> HardwareInfo:

@@ -471,7 +471,7 @@ def run_e2e_benchmark(
     summary["host"] = {"cpu": hw.model, "cores": hw.cores, "threads": threads, "python": platform.python_version()}
     if "cwm" in cost_models and not leave_network_out:
         summary["world_model"] = {"path": _portable_path(path),
-                                  "trained_on": (world_model.config.hardware or {}).get("mcpu")}
+                                  "trained_on": "/".join(world_model.config.machines) or None}
     if "cwm" in cost_models and leave_network_out:
         _leave_out_summary_model(summary, work_root)
     peak = peak_matmul_stats(n=peak_n, runs=30, threads=threads)

@@ -29,11 +29,15 @@ from ..workloads.reference import HELD_OUT_SUBGRAPHS
 
 log = logging.getLogger(__name__)
 
-CONTENDERS = cost_model_names()  # every registered cost model
+# The world model with the per-call score transform of earlier releases: a registered cost model, but
+# only an opt-in contender (``--contenders cwm,cwm-zscore,...``), on cwm's model and its training tasks.
+SCORE_AB = "cwm-zscore"
+CONTENDERS = tuple(c for c in cost_model_names() if c != SCORE_AB)  # every other registered cost model
 # World-model variants, opt-in with --contenders: the paper's search ablation without the transition
 # (``cwm-initial``: E(s0) + action features, the ranker refit on the same training records), and
 # the shipped model with the transition fine-tuned online on each task (``cwm-finetune``).
 VARIANTS = ("cwm-initial", "cwm-finetune")
+SHIPPED_MODEL_CONTENDERS = ("cwm", "cwm-finetune", SCORE_AB)  # run on model_path, trained on its tasks
 # Trained once per work root and reused by later runs and by ``diagnose-search``.
 XGB_PRETRAINED_FILE = "xgb_pretrained.tar"
 INITIAL_MODEL_DIR = "cwm_initial_model"
@@ -52,7 +56,7 @@ def _load_or_tune(task, budget, contender, seed, root, model_path, xgb_path, ini
     done = run_dir / "run.json"
     if done.exists():
         return json.loads(done.read_text())
-    path = {"cwm": model_path, "cwm-finetune": model_path, "cwm-initial": initial_path,
+    path = {**dict.fromkeys(SHIPPED_MODEL_CONTENDERS, model_path), "cwm-initial": initial_path,
             "xgb-pretrained": xgb_path}.get(contender)
     start, result = time.time(), None
     try:
@@ -135,9 +139,9 @@ def training_marks(tasks, contenders, model_path=None, split: dict | None = None
     from ..model.world_model import training_tasks
 
     seen = {}
-    if any(c == "cwm" or c == "cwm-finetune" for c in contenders):
+    if any(c in SHIPPED_MODEL_CONTENDERS for c in contenders):
         model_seen = training_tasks(model_path) if model_path is not None else None
-        for c in ("cwm", "cwm-finetune"):
+        for c in SHIPPED_MODEL_CONTENDERS:
             if c in contenders:
                 seen[c] = model_seen
     if split is not None:
@@ -179,7 +183,7 @@ def run_search_benchmark(
     if unknown or not contenders:
         raise CwmError(f"unknown contender {unknown[0]!r}; choose from {', '.join(known)}" if unknown
                        else "no contenders given")
-    if any(c == "cwm" or c in VARIANTS for c in contenders):
+    if any(c in SHIPPED_MODEL_CONTENDERS or c in VARIANTS for c in contenders):
         from ..model.world_model import WorldModel
 
         WorldModel.load(model_path)  # a missing or corrupt model fails now, not after the other runs

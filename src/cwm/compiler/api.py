@@ -122,15 +122,21 @@ def task_rows(tasks, db) -> list[dict]:
         rows.append({"task": t.name.split("/", 1)[-1], "kind": t.kind, "weight": t.weight, "flops": t.flops,
                      "latency_ms": best * 1e3 if best else None,
                      "gflops": t.flops / best / 1e9 if best else None, "trials": counts.get(t.id, 0)})
+    total = sum(r["weight"] * r["latency_ms"] for r in rows if r["latency_ms"])
+    for r in rows:  # each task's share of the measured network time (its calls times its best latency)
+        r["time_share"] = r["weight"] * r["latency_ms"] / total if r["latency_ms"] else None
     return rows
 
 
 def format_table(rows: list[dict]) -> str:
-    lines = [f"{'task':<40} {'kind':<17} {'weight':>6} {'latency ms':>11} {'GFLOP/s':>9} {'trials':>6}"]
-    for r in rows:
+    """The task table, largest share of the network time first."""
+    lines = [f"{'task':<40} {'kind':<17} {'weight':>6} {'latency ms':>11} {'GFLOP/s':>9} {'share':>6} {'trials':>6}"]
+    for r in sorted(rows, key=lambda r: -(r.get("time_share") or 0.0)):
         lat = f"{r['latency_ms']:.4f}" if r["latency_ms"] else "-"
         gf = f"{r['gflops']:.1f}" if r["gflops"] else "-"
-        lines.append(f"{r['task'][:40]:<40} {r['kind']:<17} {r['weight']:>6g} {lat:>11} {gf:>9} {r['trials']:>6}")
+        share = f"{100 * r['time_share']:.1f}%" if r.get("time_share") is not None else "-"
+        lines.append(f"{r['task'][:40]:<40} {r['kind']:<17} {r['weight']:>6g} {lat:>11} {gf:>9} {share:>6} "
+                     f"{r['trials']:>6}")
     return "\n".join(lines)
 
 

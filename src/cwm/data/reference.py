@@ -21,6 +21,10 @@ REFERENCE_DIR = DATA_DIR / "reference"
 REFERENCE_ARCHIVE = "reference_db.tar.gz"
 # Committed datasets by name: what ``--db NAME`` unpacks.
 DATASETS = {"reference": REFERENCE_DIR / REFERENCE_ARCHIVE, "v2": DATA_DIR / "v2" / "dataset_v2.tar.gz"}
+# The shipped world model's training data: the baselines trained on the same records (xgb-pretrained)
+# and the benchmarks' held-out checks default to these.
+SHIPPED_TRAINING_DB = "v2"
+SHIPPED_TRAINING_SPLIT = DATA_DIR / "v2" / "split_v2.json"
 
 
 def pack_database(db_dir: str | os.PathLike, out_dir: str | os.PathLike, split: dict | None = None,

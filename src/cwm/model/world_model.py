@@ -24,7 +24,7 @@ import numpy as np
 from ..errors import CwmError
 from ..features.action_features import STRUCT_NAMES, structured_features_batch
 from ..features.loop_nest import SCHEDULE_FEATURE_NAMES, schedule_features
-from ..hardware import HARDWARE_FEATURE_NAMES, host_cpu
+from ..hardware import HARDWARE_FEATURE_NAMES
 from ..io import atomic_directory, atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -50,30 +50,24 @@ def layout_id(names: list[str]) -> str:
 
 
 def shipped_models() -> dict[str, Path]:
-    """The world models shipped inside the package, by directory name."""
+    """The world models shipped inside the package, by directory name: one, ``default``, trained on the
+    records of several machines with each record's hardware features (docs/data.md, "The shipped models")."""
     root = Path(str(resources.files("cwm") / "pretrained"))
     return {p.name: p for p in sorted(root.iterdir()) if (p / CONFIG_FILE).is_file()}
 
 
-def default_model_dir(hardware: dict | None = None) -> Path:
-    """The shipped model trained on the machine most like ``hardware`` (default: this host's CPU).
+SHIPPED_MODEL = "default"
 
-    The same LLVM CPU name first, then the same SIMD width, else ``default``: a ranking learned on
-    one machine need not hold on another (benchmarks/results/search_zen3/NOTES.md).
-    """
+
+def default_model_dir() -> Path:
+    """The shipped model, for every machine: its ranker sees the hardware features of the machine a
+    candidate is scored for, and ``cwm tune`` warns on a machine unlike every one its records came from
+    (``cwm.hardware.machine_difference``)."""
     models = shipped_models()
-    if hardware is None:
-        hardware = host_cpu().as_json()
-    trained = {name: json.loads((path / CONFIG_FILE).read_text()).get("hardware") or {}
-               for name, path in models.items()}
-    candidates = sorted(models, key=lambda name: name != "default")  # ties go to the default
-    kind = hardware.get("kind", "cpu")
-    for key in ("mcpu", "simd_bits"):
-        here = hardware.get(key)
-        for name in candidates:
-            if here and trained[name].get(key) == here and trained[name].get("kind") == kind:
-                return models[name]
-    return models["default"]
+    if SHIPPED_MODEL not in models:
+        raise CwmError(f"the package ships no world model {SHIPPED_MODEL!r} (found: {', '.join(models) or 'none'}); "
+                       "reinstall cwm or pass a model directory")
+    return models[SHIPPED_MODEL]
 
 
 def training_tasks(directory: str | Path) -> set[str] | None:
@@ -109,6 +103,12 @@ class WorldModelConfig:
     hardware: dict = field(default_factory=dict)  # the machine the training data came from
     trained_on: dict = field(default_factory=dict)  # dataset summary, for the record
     metrics: dict = field(default_factory=dict)
+
+    @property
+    def machines(self) -> list[str]:
+        """The LLVM CPUs its training records came from (one for a single-machine model)."""
+        names = (self.trained_on or {}).get("machines") or [(self.hardware or {}).get("mcpu")]
+        return [str(m) for m in names if m]
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -235,8 +235,8 @@ class WorldModel:
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path | None = None) -> "WorldModel":
-        """A shipped model by name (see ``shipped_models``: ``default``, ``znver3``), or a model directory;
-        with no argument, the shipped model picked for this host (``default_model_dir``)."""
+        """A shipped model by name (see ``shipped_models``: ``default``), or a model directory; with no
+        argument, the shipped model (``default_model_dir``)."""
         if name_or_path is None:
             return cls.load()
         shipped = shipped_models()
@@ -250,7 +250,7 @@ class WorldModel:
 
     @classmethod
     def load(cls, directory: str | Path | None = None) -> "WorldModel":
-        """Load a model directory; with no argument, the model shipped inside the package for this host."""
+        """Load a model directory; with no argument, the model shipped inside the package."""
         from .encoder import StateEncoder
         from .ranker import LambdaRanker
         from .transition import Transition

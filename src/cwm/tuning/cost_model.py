@@ -57,13 +57,59 @@ class TimedCostModel(ms.cost_model.PyCostModel):
         return scores
 
 
-def _positive_scores(raw: np.ndarray) -> np.ndarray:
-    """Map ranking scores to (0, 1]: MetaSchedule samples candidates in proportion to them."""
+# The fixed score transform's temperature, in units of the spread (standard deviation) of the
+# task's first scored population. Chosen offline on held-out candidate populations: MetaSchedule's
+# parent sampling then spreads its weight about as predicted normalized throughput would (what its
+# own XGBoost model predicts), neither flat nor degenerate (docs/design.md, "Scores across predict calls").
+SCORE_TEMPERATURE = 0.75
+SCORE_TRANSFORMS = ("sigmoid", "zscore")
+_SIGMOID_CLIP = 30.0  # |argument| beyond which scores tie; sigmoid(-30) ~ 1e-13 stays positive
+
+
+def zscore_scores(raw: np.ndarray) -> np.ndarray:
+    """The transform of earlier releases: z-score the call's raw scores and map its best to 1.0.
+
+    A candidate's score depends on the other candidates of the call, so the scores of MetaSchedule's
+    successive predict calls (one per generation of its evolutionary search) do not compare.
+    """
     raw = np.asarray(raw, dtype=np.float64)
     if raw.size == 0:
         return raw.astype(np.float32)
     z = (raw - raw.mean()) / (raw.std() + 1e-9)
     return np.exp(np.clip(z - z.max(), -20.0, 0.0)).astype(np.float32)
+
+
+def score_scale(raw: np.ndarray) -> tuple[float, float]:
+    """(center, spread) of a population's raw ranker scores: their maximum and standard deviation
+    (1.0, a unit of LambdaRank margin, when they do not spread).
+
+    The center is the maximum, not the median: below its center a sigmoid is nearly exp, so the
+    ratio of two candidates' weights depends on their raw scores alone, and parent sampling keeps
+    its pressure as the evolved generations improve. Above a median, weights differ at most 2x:
+    a generation better than the first population's median would be sampled almost uniformly.
+    """
+    raw = np.asarray(raw, dtype=np.float64)
+    spread = float(raw.std()) if raw.size > 1 else 0.0
+    return float(raw.max()), spread if spread > 1e-9 else 1.0
+
+
+def sigmoid_scores(raw: np.ndarray, center: float, spread: float,
+                   temperature: float = SCORE_TEMPERATURE) -> np.ndarray:
+    """Map raw ranker scores to (0, 1] through one fixed, increasing function: a candidate's score
+    depends on its raw score alone, so the scores of different predict calls compare."""
+    x = (np.asarray(raw, dtype=np.float64) - center) / (spread * temperature)
+    # float64: MetaSchedule reads doubles, and float32 would tie the best candidates near 1.0
+    return 1.0 / (1.0 + np.exp(-np.clip(x, -_SIGMOID_CLIP, _SIGMOID_CLIP)))
+
+
+def sampling_weight_stats(scores: np.ndarray, top: float = 0.1) -> tuple[float, float]:
+    """How MetaSchedule's parent sampling (in proportion to the scores) spreads over a population:
+    the effective sample size of the normalized weights over N (1: flat; 1/N: one parent), and the
+    share of the weight on the best ``top`` fraction of it (``top``: flat)."""
+    p = np.asarray(scores, dtype=np.float64)
+    p = p / p.sum()
+    k = max(1, int(round(top * p.size)))
+    return float(1.0 / np.sum(p * p) / p.size), float(np.sort(p)[::-1][:k].sum())
 
 
 @contextlib.contextmanager
@@ -93,14 +139,22 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
     unless ``finetune_transition``: then a copy of F per task is fine-tuned with the rollout loss
     on the measured candidates' replayed and encoded intermediate states (at most
     ``finetune_states`` per candidate), and the task's features are recomputed with it.
+
+    ``score_transform``: how raw ranker scores become MetaSchedule's scores in (0, 1]. ``sigmoid``
+    (default): one fixed increasing function per task and ranker (``sigmoid_scores``), so the
+    scores of successive predict calls compare, as MetaSchedule's evolutionary search assumes when
+    it keeps one heap of the best candidates over all its generations. ``zscore``: the per-call
+    transform of earlier releases (``zscore_scores``), kept for the A/B (``cwm-zscore``).
     """
 
     def __init__(self, model, *, online: bool = True, update_rounds: int = 20, min_update: int = 8,
                  hardware: dict | None = None, seed: int = 0, finetune_transition: bool = False,
-                 finetune_epochs: int = 3, finetune_states: int = 4):
+                 finetune_epochs: int = 3, finetune_states: int = 4, score_transform: str = "sigmoid"):
         super().__init__()
         if finetune_transition and (model.transition is None or model.config.latent != "rollout"):
             raise CwmError("finetune_transition needs a world model that rolls out its transition")
+        if score_transform not in SCORE_TRANSFORMS:
+            raise CwmError(f"unknown score transform {score_transform!r}; choose one of {', '.join(SCORE_TRANSFORMS)}")
         self.model = model
         self.online = online
         self.update_rounds = update_rounds
@@ -110,6 +164,9 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
         self.finetune_transition = finetune_transition
         self.finetune_epochs = finetune_epochs
         self.finetune_states = finetune_states
+        self.score_transform = score_transform
+        # task key -> ((ranker, transition), center, spread) of its sigmoid transform, frozen at their first call
+        self._score_scales: dict[str, tuple[tuple, float, float]] = {}
         self._initial: dict[int, str] = {}
         # task key -> {"X": [...], "latency": [...]}, plus "actions" and "targets" when fine-tuning
         self.measured: dict[str, dict[str, list]] = {}
@@ -128,7 +185,8 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
     def _hardware(self, context) -> dict | None:
         if self.hardware is None and context.target is not None:
             self.hardware = hardware_for_target(context.target).as_json()
-            difference = machine_difference(self.model.config.hardware, self.hardware)
+            # A model trained on several machines' records matches a host like any one of them.
+            difference = machine_difference(self.model.config.hardware, self.hardware, self.model.config.machines)
             if difference:
                 # Its pretrained ranking encodes the training machine's preferences; they need not
                 # hold here (benchmarks/results/search_zen3/NOTES.md), and the online updates only see what it picks.
@@ -164,7 +222,28 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
             return np.zeros(0, dtype=np.float32)
         tid, X = self._features(context, candidates)
         ranker = self.adapted.get(tid, self.model.ranker)
-        return _positive_scores(ranker.predict(X))
+        raw = ranker.predict(X)
+        if self.score_transform == "zscore":
+            return zscore_scores(raw)
+        return sigmoid_scores(raw, *self._score_scale(tid, ranker, raw))
+
+    def _score_scale(self, tid: str, ranker, raw: np.ndarray) -> tuple[float, float]:
+        """The task's (center, spread), frozen from the first call that this ranker (and, when
+        fine-tuning, the task's transition) scores.
+
+        LambdaRank margins only rank within a task: their offset and spread differ from task to task
+        and change when a ranker is refit, so no constant would do. The first call of a search is
+        its initial population, a fair sample of the design space. The online update replaces the
+        ranker (``self.adapted[tid]`` is a new object; so is a fine-tuned transition) and then the
+        transform is frozen anew; that happens only between MetaSchedule's search batches (``update``
+        follows the measurements), so all the predict calls of one batch, whose scores share one
+        heap, use one function.
+        """
+        key = (ranker, self.task_models.get(tid))
+        frozen = self._score_scales.get(tid)
+        if frozen is None or frozen[0][0] is not key[0] or frozen[0][1] is not key[1]:
+            frozen = self._score_scales[tid] = (key, *score_scale(raw))
+        return frozen[1], frozen[2]
 
     def update(self, context, candidates, results) -> None:
         if not self.online or not candidates:

@@ -51,7 +51,7 @@ def check_cost_model(kind: str) -> None:
 
 def create_cost_model(kind: str, model_path=None, seed: int = 0, finetune_transition: bool = False):
     """A timed cost model by name; ``model_path`` is the world model directory for ``cwm`` and
-    the saved XGBModel file for ``xgb-pretrained``. ``finetune_transition`` (``cwm`` only) also
+    ``cwm-zscore`` and the saved XGBModel file for ``xgb-pretrained``. ``finetune_transition`` (``cwm`` only) also
     fine-tunes the transition online on each task's measured candidates."""
     check_cost_model(kind)
     if finetune_transition and kind != "cwm":
@@ -109,3 +109,9 @@ def _random(model_path, seed, finetune_transition):
     import tvm.s_tir.meta_schedule as ms
 
     return ms.cost_model.RandomModel(seed=seed)
+
+
+@register_cost_model("cwm-zscore", "cwm with the per-call z-score transform of earlier releases, for the A/B")
+def _world_model_zscore(model_path, seed, finetune_transition):
+    return world_model_cost_model(model_path, seed=seed, finetune_transition=finetune_transition,
+                                  score_transform="zscore")

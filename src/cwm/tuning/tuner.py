@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from ..schedule.actions import (
 )
 from ..workloads import Task, resolve_task
 from ..workloads.networks import LAYOUT_TRIALS_PER_TASK, tunable
+from .budget import MIN_TRIALS_PER_TASK, plan_trials
 from .collect import existing_counts, log_failures, measured_trace_keys
 from .context import tune_context
 from .measure import (
@@ -71,13 +73,15 @@ class TuneResult:
         }
 
 
-def _callbacks(result: TuneResult, tasks, bar, failure_path: Path):
+def _callbacks(result: TuneResult, tuned, bar, failure_path: Path):
+    """Callbacks of one ``ms.tune_tasks`` call over ``tuned`` (its task list, in order); the best-so-far
+    curve is over all of ``result.tasks``."""
     import tvm.s_tir.meta_schedule as ms
     from tvm.ir.utils import derived_object
 
-    weights = {t.id: t.weight for t in tasks}
-    flops = {t.id: t.flops for t in tasks}
-    id_of_index = [t.id for t in tasks]
+    weights = {t.id: t.weight for t in result.tasks}
+    flops = {t.id: t.flops for t in result.tasks}
+    id_of_index = [t.id for t in tuned]
 
     @derived_object
     class Progress(ms.measure_callback.PyMeasureCallback):
@@ -132,10 +136,16 @@ def tune(
     report: bool = True,
     strategy: str = "evolutionary",
     finetune_transition: bool = False,
+    min_trials_per_task: int = MIN_TRIALS_PER_TASK,
 ) -> TuneResult:
     """Tune ``tasks`` (a Task, a workload name, or a list of them) for ``trials`` measurements in total.
 
-    Resumable: a run on a ``work_dir`` that already holds records measures only the rest of the
+    The budget is split over the tasks before the search starts (``plan_trials``: at least
+    ``min_trials_per_task`` each, the rest by estimated share of the time) and the tasks are tuned
+    one after another, heaviest first, each in batches of at most ``num_trials_per_iter``; one cost
+    model learns across all of them. A budget too small for every task is reported before tuning.
+
+    Resumable: a run on a ``work_dir`` that already holds records measures only the rest of each task's
     budget, and never a candidate whose trace is already in the database. Failed candidates are
     recorded in the database (as MetaSchedule does) and with their error kind in ``failures.jsonl``.
     """
@@ -156,6 +166,7 @@ def tune(
     for t in tasks:
         if not isinstance(t, Task):
             raise CwmError(f"tune takes Task objects or workload names, got {type(t).__name__}")
+    plan = plan_trials(tasks, trials, min_trials_per_task)
     if rpc is not None:
         rpc.check_reachable()  # fail fast, before anything is written
     # a bad model fails before anything is written
@@ -164,40 +175,51 @@ def tune(
     db = open_database(work_dir)
 
     write_task_index(work_dir, tasks)
-    done = sum(existing_counts(work_dir).get(t.id, 0) for t in tasks)
-    remaining = max(0, trials - done)
+    if len(tasks) > 1:
+        if progress:
+            print(f"cwm: {plan.describe(tasks)}", file=sys.stderr)
+        elif plan.budget < plan.budget_for_every_task:
+            log.warning("%s", " ".join(plan.describe(tasks).splitlines()[1:]))
+    done = existing_counts(work_dir)
+    remaining = {t.id: max(0, plan.trials[t.id] - done.get(t.id, 0)) for t in tasks}
     result = TuneResult(work_dir=work_dir, tasks=list(tasks))
     start = time.time()
-    if remaining and done:
+    if sum(remaining.values()) and any(done.get(t.id) for t in tasks):
         result.resumed_records = warm_start(model, work_dir, tasks, target)
-    if remaining:
+    if sum(remaining.values()):
         measured = measured_trace_keys(work_dir)
-        with tqdm(total=remaining, unit="trial", disable=not progress, dynamic_ncols=True,
+        index = {t.id: i for i, t in enumerate(tasks)}  # the seeds stay those of the given order
+        builder, runner = make_builder(), make_runner(settings, rpc)
+        with tqdm(total=sum(remaining.values()), unit="trial", disable=not progress, dynamic_ncols=True,
                   desc=f"tune[{cost_model}]") as bar:
-            # A resumed search re-proposes what was measured before; those are dropped, and a search
-            # that ends early that way is followed by one with a new seed for the rest of the budget.
-            for round_ in range(MAX_SEARCH_ROUNDS):
-                contexts = [tune_context(t, target, strategy, seed + i + 7919 * round_,
-                                         measured=measured.setdefault(t.id, set()))
-                            for i, t in enumerate(tasks)]
-                ms.tune_tasks(
-                    tasks=contexts,
-                    task_weights=[t.weight for t in tasks],
-                    work_dir=str(work_dir),
-                    max_trials_global=remaining,
-                    max_trials_per_task=None,
-                    num_trials_per_iter=min(num_trials_per_iter, remaining),
-                    builder=make_builder(),
-                    runner=make_runner(settings, rpc),
-                    database=db,
-                    cost_model=model,
-                    measure_callbacks=_callbacks(result, tasks, bar, work_dir / FAILURE_FILE),
-                    task_scheduler="gradient" if len(tasks) > 1 else "round-robin",
-                )
-                left = max(0, trials - sum(existing_counts(work_dir).get(t.id, 0) for t in tasks))
-                if left == 0 or left == remaining:
-                    break  # done, or the design space has nothing new left
-                remaining = left
+            for tid in plan.trials:  # heaviest first
+                task = tasks[index[tid]]
+                # A resumed search re-proposes what was measured before; those are dropped, and a search
+                # that ends early that way is followed by one with a new seed for the rest of the budget.
+                for round_ in range(MAX_SEARCH_ROUNDS):
+                    left = remaining[tid]
+                    if left == 0:
+                        break
+                    context = tune_context(task, target, strategy, seed + index[tid] + 7919 * round_,
+                                           measured=measured.setdefault(tid, set()))
+                    ms.tune_tasks(
+                        tasks=[context],
+                        task_weights=[task.weight],
+                        work_dir=str(work_dir),
+                        max_trials_global=left,
+                        max_trials_per_task=left,
+                        num_trials_per_iter=min(num_trials_per_iter, left),
+                        builder=builder,
+                        runner=runner,
+                        database=db,
+                        cost_model=model,
+                        measure_callbacks=_callbacks(result, [task], bar, work_dir / FAILURE_FILE),
+                        task_scheduler="round-robin",
+                    )
+                    remaining[tid] = max(0, plan.trials[tid] - existing_counts(work_dir).get(tid, 0))
+                    if remaining[tid] == left:
+                        break  # the design space has nothing new left
+                bar.update(remaining[tid])  # what a task could not use is not waited for
     result.seconds = time.time() - start
     result.cost_model_seconds = model.seconds_spent
     _fill_best_from_database(result, work_dir)
@@ -254,7 +276,8 @@ def tune_layout_tasks(tasks, *, work_dir, target=None, rpc=None, seed: int = 0,
     # never consults a cost model, so none is loaded or updated (the same records for every one).
     return tune(layout, trials=LAYOUT_TRIALS_PER_TASK * len(layout), work_dir=work_dir, cost_model="random",
                 target=target, rpc=rpc, seed=seed, strategy="replay-trace",
-                num_trials_per_iter=LAYOUT_TRIALS_PER_TASK, progress=progress, report=False)
+                num_trials_per_iter=LAYOUT_TRIALS_PER_TASK, min_trials_per_task=LAYOUT_TRIALS_PER_TASK,
+                progress=progress, report=False)
 
 
 def tune_network(tasks, *, trials: int, work_dir, progress: bool = True, **kwargs) -> tuple[TuneResult, TuneResult | None]:

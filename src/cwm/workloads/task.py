@@ -60,6 +60,21 @@ class Task:
 
         return float(estimate_tir_flops(self.mod))
 
+    @cached_property
+    def nbytes(self) -> int:
+        """Bytes of the PrimFunc's buffers (its inputs and outputs)."""
+        import math
+
+        import tvm
+
+        total = 0
+        for p in self.mod["main"].params:
+            shape = getattr(p, "shape", None)
+            if shape is not None:
+                dtype = tvm.DataType(str(p.dtype))
+                total += math.prod(int(d) for d in shape) * ((dtype.bits * dtype.lanes + 7) // 8)
+        return total
+
     def script(self) -> str:
         return self.mod.script()
 

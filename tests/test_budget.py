@@ -1,0 +1,79 @@
+"""The tuning budget is split over the tasks before the search: every task gets its floor, the heaviest
+get the rest, and a budget too small for every task is said before tuning."""
+
+from dataclasses import dataclass
+
+import pytest
+
+from cwm.errors import CwmError
+from cwm.tuning.budget import MIN_TRIALS_PER_TASK, estimated_seconds, plan_trials
+
+
+@dataclass
+class FakeTask:
+    id: str
+    flops: float
+    nbytes: int = 0
+    weight: float = 1.0
+
+    @property
+    def name(self):
+        return f"net/{self.id}"
+
+
+def test_every_task_gets_the_floor_and_the_rest_follows_the_estimated_time():
+    tasks = [FakeTask("small", 1e6), FakeTask("big", 9e9), FakeTask("mid", 3e9, weight=1.0)]
+    plan = plan_trials(tasks, 100)
+    assert sum(plan.trials.values()) == 100
+    assert min(plan.trials.values()) >= MIN_TRIALS_PER_TASK
+    assert list(plan.trials) == ["big", "mid", "small"]  # tuned heaviest first
+    assert plan.trials["big"] > plan.trials["mid"] > plan.trials["small"] == MIN_TRIALS_PER_TASK
+    assert plan.covers_every_task
+
+
+def test_weight_and_memory_traffic_count_in_the_estimate():
+    # A memory-bound reduction that runs 12 times outweighs a compute-bound kernel that runs once.
+    pool = FakeTask("pool", flops=1e6, nbytes=50_000_000, weight=12)
+    conv = FakeTask("conv", flops=1e9)
+    assert estimated_seconds(pool) > estimated_seconds(conv)
+    assert list(plan_trials([conv, pool], 40).trials) == ["pool", "conv"]
+
+
+def test_a_budget_below_the_floor_is_spread_heaviest_first_and_says_what_would_cover_all():
+    tasks = [FakeTask(f"t{i}", flops=(i + 1) * 1e8) for i in range(10)]
+    plan = plan_trials(tasks, 13)
+    assert plan.covers_every_task and sum(plan.trials.values()) == 13
+    assert [plan.trials[f"t{i}"] for i in (9, 8, 7, 6)] == [2, 2, 2, 1]
+    text = plan.describe(tasks)
+    assert f"{MIN_TRIALS_PER_TASK * 10} trials would give every task {MIN_TRIALS_PER_TASK}" in text
+    assert "no trial" not in text
+
+    plan = plan_trials(tasks, 3)  # fewer trials than tasks: the three heaviest get one each
+    assert [tid for tid, n in plan.trials.items() if n] == ["t9", "t8", "t7"]
+    assert "7 task(s) get no trial" in plan.describe(tasks)
+
+
+@pytest.mark.parametrize("budget", [0, -1, 2.5, True])
+def test_a_bad_budget_is_one_line(budget):
+    with pytest.raises(CwmError, match="positive integer"):
+        plan_trials([FakeTask("a", 1.0)], budget)
+
+
+def test_four_trials_per_task_reach_every_task(tmp_path, capsys):
+    """The failure this fixes: one search batch of 32 spent the whole budget on the first tasks."""
+    from cwm.tuning import tune
+    from cwm.tuning.collect import existing_counts
+    from cwm.workloads import get_task
+
+    tasks = [get_task(n) for n in ("matmul:M=32,N=32,K=32", "dense_relu:M=16,N=32,K=32", "softmax:M=32,N=64")]
+    budget = MIN_TRIALS_PER_TASK * len(tasks)
+    result = tune(tasks, trials=budget, work_dir=tmp_path, cost_model="random", num_trials_per_iter=32)
+    counts = existing_counts(tmp_path)
+    assert all(counts.get(t.id, 0) >= 1 for t in tasks), counts
+    assert all(t.id in result.best for t in tasks)
+    assert sum(counts.values()) <= budget
+    assert "3 task(s) share 12 trials" in capsys.readouterr().err
+    # Resumed with a larger budget: only each task's new share is measured.
+    tune(tasks, trials=2 * budget, work_dir=tmp_path, cost_model="random", progress=False)
+    assert sum(existing_counts(tmp_path).values()) <= 2 * budget
+    assert min(existing_counts(tmp_path).values()) >= MIN_TRIALS_PER_TASK
