@@ -151,6 +151,33 @@ def test_the_world_model_sees_schedules_without_their_derived_layout_rewrites(ml
     assert without_layout_rewrites(seen) == seen  # nothing else is dropped
 
 
+def test_batch_norm_after_a_convolution_without_bias_is_folded_into_its_weights(tmp_path, target):
+    """Inference batch norm after a bias-free convolution (torchvision's CNNs) becomes a scaled weight
+    and a bias: the fused kernel keeps no subtract/divide/multiply epilogue, and the outputs match."""
+    from cwm.deploy.build import build_network
+    from cwm.deploy.check import check_against_torch
+    from cwm.deploy.runtime import load_and_run
+    from cwm.workloads.pipeline import fused_module, relax_from_torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8),
+                                torch.nn.ReLU6(), torch.nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False),
+                                torch.nn.BatchNorm2d(8)).eval()
+    with torch.no_grad():
+        for bn in (model[1], model[4]):
+            bn.running_mean.uniform_(-1, 1)
+            bn.running_var.uniform_(0.5, 2.0)
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.uniform_(-0.5, 0.5)
+    x = torch.randn(1, 4, 12, 12)
+    mod = relax_from_torch(model, (x,), target)
+    convs = [gv.name_hint for gv in fused_module(mod, target).functions if "conv2d" in gv.name_hint]
+    assert len(convs) == 2 and not any(op in n for n in convs for op in ("subtract", "divide", "multiply")), convs
+    result = build_network(mod, None, target, tmp_path / "folded.so")
+    out = load_and_run(result.lib_path, [x.numpy()])
+    assert check_against_torch(model, (x,), out)["max_rel_diff"] < 1e-5
+
+
 def test_cnn_tuned_build_folds_batch_norm_and_matches_torch(tmp_path, target):
     from cwm.deploy.build import build_network
     from cwm.deploy.check import check_against_torch, tolerance_for

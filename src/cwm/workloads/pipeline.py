@@ -61,15 +61,19 @@ def relax_from_exported(exported, target=None, *, bind_params: bool = True, name
 
 
 def simplify_relax(mod, target=None):
-    """``DecomposeOpsForInference`` (eval-mode batch norm becomes elementwise arithmetic) ->
-    ``CanonicalizeBindings`` -> ``FoldConstant``: no ``batch_norm`` op is left, so FuseOps later
-    folds it into the convolution's epilogue. Every frontend's module (PyTorch, ONNX) goes through it."""
+    """``FoldBatchnormToConv2D`` (an eval-mode batch norm right after a convolution scales its weights;
+    torchvision's convolutions before a batch norm have no bias) -> ``DecomposeOpsForInference`` (the
+    other batch norms become elementwise arithmetic) -> ``CanonicalizeBindings`` -> ``FoldConstant``
+    (the scaled weights become constants): no ``batch_norm`` op is left, and what is not folded into
+    the weights FuseOps puts in the convolution's epilogue. Every frontend's module (PyTorch, ONNX)
+    goes through it."""
     import tvm
     from tvm import relax
 
     with as_target(target):
         return tvm.transform.Sequential(
             [
+                relax.transform.FoldBatchnormToConv2D(),
                 relax.transform.DecomposeOpsForInference(),
                 relax.transform.CanonicalizeBindings(),
                 relax.transform.FoldConstant(),
