@@ -77,3 +77,25 @@ def test_four_trials_per_task_reach_every_task(tmp_path, capsys):
     tune(tasks, trials=2 * budget, work_dir=tmp_path, cost_model="random", progress=False)
     assert sum(existing_counts(tmp_path).values()) <= 2 * budget
     assert min(existing_counts(tmp_path).values()) >= MIN_TRIALS_PER_TASK
+
+
+def test_transferred_schedules_are_measured_first_from_the_tasks_budget(tmp_path):
+    """A task no one tuned starts from the best schedules of the most similar training tasks of the
+    world model, refitted to its loops and measured before the search's own candidates."""
+    from cwm.data.database import RECORD_FILE
+    from cwm.model.world_model import default_model_dir
+    from cwm.schedule.transfer import TRANSFER_CANDIDATES, TransferSource, refit_tiling
+    from cwm.tuning import tune
+    from cwm.tuning.collect import existing_counts
+    from cwm.workloads import get_task
+
+    assert refit_tiling(24, [1, 4, 8]) == [1, 3, 8] and refit_tiling(7, [2, 2]) == [7, 1]
+    task = get_task("dense_relu:M=16,N=32,K=32")  # not in the shipped model's training tasks
+    source = TransferSource.for_model(default_model_dir())
+    assert task.id not in {e["id"] for e in source.entries}
+    assert len(source.schedules(task, "znver5")) == TRANSFER_CANDIDATES
+    result = tune(task, trials=TRANSFER_CANDIDATES + 1, work_dir=tmp_path, cost_model="random", progress=False,
+                  transfer=True)
+    assert result.transferred == {task.id: TRANSFER_CANDIDATES}
+    assert existing_counts(tmp_path) == {task.id: TRANSFER_CANDIDATES + 1}
+    assert (tmp_path / RECORD_FILE).read_text().count("\n") == TRANSFER_CANDIDATES + 1

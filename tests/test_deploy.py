@@ -525,6 +525,9 @@ def test_e2e_benchmark_tiny_mode(mlp_build, tmp_path, target):
     assert e["latency_ms"]["onnxruntime"] > 0 and "ONNX Runtime" in (out / "e2e.md").read_text()
     assert e["tuning_seconds"] >= 0 and "tuning s" in (out / "e2e.md").read_text()
     assert e["roofline"] and 0 < e["roofline"][0]["by_cost_model"]["xgb"]["fraction_of_peak"]
+    shares = e["time_shares"]["xgb"]  # where the tuned time goes: every tuned task, largest share first
+    assert len(shares) == 2 and abs(sum(r["share"] for r in shares) - 1) < 1e-9
+    assert shares[0]["share"] >= shares[1]["share"] and "## Where the time goes: mlp" in (out / "e2e.md").read_text()
     assert e["peak_matmul_gflops"] == data["peak_matmul_gflops"]
     assert data["geomean_speedup_vs_eager"]["tvm_xgb"] > 0
     assert "geometric mean" in (out / "e2e.md").read_text()
@@ -577,7 +580,8 @@ def test_e2e_tunes_seed_major_so_cost_models_alternate(tmp_path, monkeypatch, ta
     class Stop(Exception):
         pass
 
-    def tune_timed(tasks, budget, work_dir, cost_model, model_path, target, seed, per_iter, progress):
+    def tune_timed(tasks, budget, work_dir, cost_model, model_path, target, seed, per_iter, progress,
+                   transfer=False):
         calls.append((cost_model, seed))
         if len(calls) == 3:
             raise Stop  # the order of the calls is the point; nothing is tuned

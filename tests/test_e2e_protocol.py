@@ -93,8 +93,21 @@ def test_leave_network_out_split_has_none_of_the_networks_tasks():
     assert split["train"] == ["a", "n1", "b"]  # the caller's split is left alone
 
 
+def test_a_contender_names_its_cost_model_budget_and_transfer():
+    from cwm.benchmarks.e2e import Contender, parse_contender
+
+    assert parse_contender("cwm", 8) == Contender("cwm", 8, False)
+    assert parse_contender("xgb-pretrained:32", 8) == Contender("xgb-pretrained", 32, False)
+    assert parse_contender("cwm+transfer:1", 8) == Contender("cwm", 1, True)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"cost_models": ("xgb", "xgb-pretrained")}, "xgb-pretrained cost model needs the training records"),
+    ({"cost_models": ("xgb", "xgb-pretrained:32")}, "xgb-pretrained cost model needs the training records"),
+    ({"cost_models": ("xgb", "xgb:0")}, "the trials per task, a positive integer"),
+    ({"cost_models": ("xgb:eight",)}, "the trials per task, a positive integer"),
+    ({"cost_models": ("xgb", "xgb")}, "listed twice"),
+    ({"cost_models": ("xgboost:8",)}, "unknown cost model 'xgboost'"),
     ({"cost_models": ("xgb-pretrained",), "train_db": "db"}, "needs the training records"),
     ({"cost_models": ("cwm",), "leave_network_out": True}, "leave_network_out needs the training records"),
     ({"cost_models": ("xgb",), "leave_network_out": True, "train_db": "db", "split": {"train": []}},
@@ -117,7 +130,8 @@ def test_e2e_with_pretrained_xgb_reports_what_it_saw(tmp_path, target, multi_db,
     model, inputs = _mlp()
     out, work = tmp_path / "out", tmp_path / "work"
     summary = run_e2e_benchmark([("mlp", model, inputs)], out, trials_per_task=4, seeds=(0,),
-                                cost_models=("xgb-pretrained",), work_root=work, progress=False, runs=3,
+                                cost_models=("xgb-pretrained", "xgb-pretrained:2"), work_root=work, progress=False,
+                                runs=3,
                                 warmup=1, target=target, peak_n=64, torch_compile=False, num_trials_per_iter=4,
                                 train_db=multi_db, split=multi_split)
     split = load_split(multi_split)
@@ -133,6 +147,13 @@ def test_e2e_with_pretrained_xgb_reports_what_it_saw(tmp_path, target, multi_db,
     assert "world_model" not in e  # cwm did not run
     assert e["tuning"]["xgb-pretrained"]["0"]["tasks_with_records"] == 2
     assert e["checks"]["tvm_xgb-pretrained@s0"]["ok"]
+    # Time to quality: the same cost model at 2 trials per task, beside it in the same rotation.
+    from cwm.tuning.collect import existing_counts
+
+    assert e["trials_per_contender"] == {"xgb-pretrained": 8, "xgb-pretrained:2": 4}
+    assert sum(existing_counts(work / "mlp" / "xgb-pretrained:2" / "seed0").values()) == 4
+    assert e["checks"]["tvm_xgb-pretrained:2@s0"]["ok"] and e["latency_ms"]["tvm_xgb-pretrained:2"] > 0
+    assert "| mlp | xgb-pretrained:2 | 0 | 4 |" in (out / "e2e.md").read_text()
     assert "training_split_sha1" in data["config"] and "leave_network_out" not in data["config"]
     assert "- mlp: xgb-pretrained `" in (out / "e2e.md").read_text()
     assert summary["networks"]["mlp"]["xgb_pretrained"] == o
@@ -170,7 +191,8 @@ def test_leave_network_out_trains_without_the_network_and_tunes_with_that_model(
     class Stop(Exception):
         pass
 
-    def tune_timed(tasks, budget, work_dir, cost_model, model_path, target, seed, per_iter, progress):
+    def tune_timed(tasks, budget, work_dir, cost_model, model_path, target, seed, per_iter, progress,
+                   transfer=False):
         tuned.append((cost_model, model_path, work_dir))
         if len(tuned) == 2:
             raise Stop

@@ -10,6 +10,7 @@ from typing import Optional
 
 import typer
 
+from .compiler.api import format_table, task_rows
 from .data.database import RECORD_FILE, merge_databases
 from .data.dataset import load_dataset
 from .data.reference import REFERENCE_ARCHIVE, SHIPPED_TRAINING_DB, SHIPPED_TRAINING_SPLIT, pack_database, resolve_db
@@ -169,6 +170,9 @@ def tune(
     per_iter: int = typer.Option(32, help="Candidates measured per search iteration."),
     finetune_transition: bool = typer.Option(False, help="cwm: also fine-tune the transition online on the "
                                              "measured candidates' replayed states (slower per round)."),
+    transfer: bool = typer.Option(True, "--transfer/--no-transfer", help="Measure first, from each task's "
+                                  "budget, the best schedules of the most similar tasks the world model was "
+                                  "trained on, refitted to the task's loops."),
 ):
     """Tune a workload, a network or a TVMScript kernel; writes a database and a report."""
     _quiet_tvm_logs()
@@ -181,7 +185,7 @@ def tune(
         address.check_reachable()
     tgt = make_target(target)
     settings = dict(work_dir=work_dir, cost_model=cost_model, model_path=model, target=tgt, rpc=address, seed=seed,
-                    num_trials_per_iter=per_iter, finetune_transition=finetune_transition)
+                    num_trials_per_iter=per_iter, finetune_transition=finetune_transition, transfer=transfer)
     if model_file is None and workload is not None and is_model_file(workload):
         model_file, workload = Path(workload), None
     layout = None
@@ -205,14 +209,16 @@ def tune(
     if layout is not None:
         typer.echo(f"{len(layout.tasks)} layout tasks: {len(layout.best)} tuned, "
                    f"{len(layout.tasks) - len(layout.best)} without a valid candidate")
-    for t in tasks:
-        best = result.best.get(t.id)
+    if len(tasks) > 1:  # a network: where its time goes, largest share first
+        typer.echo(format_table(task_rows(tasks, work_dir)))
+        if result.weighted_latency:
+            typer.echo(f"weighted total: {result.weighted_latency * 1e3:.3f} ms")
+    else:
+        task, best = tasks[0], result.best.get(tasks[0].id)
         if best:
-            typer.echo(f"{t.name}: best {best['latency'] * 1e3:.4f} ms ({best['gflops']:.1f} GFLOP/s)")
+            typer.echo(f"{task.name}: best {best['latency'] * 1e3:.4f} ms ({best['gflops']:.1f} GFLOP/s)")
         else:
-            typer.echo(f"{t.name}: no valid candidate measured")
-    if len(tasks) > 1 and result.weighted_latency:
-        typer.echo(f"weighted total: {result.weighted_latency * 1e3:.3f} ms")
+            typer.echo(f"{task.name}: no valid candidate measured")
     typer.echo(f"report: {work_dir / 'report.json'}, curve: {work_dir / 'best_so_far.png'}")
 
 
@@ -464,7 +470,11 @@ def bench_e2e(
              "which a run without them resumes from)."),
     runs: int = typer.Option(30, help="Timed runs per contender (median), interleaved."),
     seeds: int = typer.Option(1, help="Tuning seeds per cost model (latency is their geometric mean)."),
-    cost_models: str = typer.Option("xgb,cwm", help=f"Comma-separated cost models to tune with, of {', '.join(cost_model_names())}."),
+    cost_models: str = typer.Option("xgb,cwm", help=f"Comma-separated cost models to tune with, of "
+                                    f"{', '.join(cost_model_names())}; NAME:T tunes with NAME at T trials per "
+                                    "task instead of --trials-per-task (e.g. cwm,xgb-pretrained:32), and "
+                                    "NAME+transfer measures schedules transferred from the world model's "
+                                    "training tasks first (e.g. cwm+transfer:1)."),
     num_trials_per_iter: int = typer.Option(16, help="Candidates measured per task-scheduler round."),
     db: Path = typer.Option(Path(SHIPPED_TRAINING_DB), "--db", help="Training database of the world model (for "
                             "xgb-pretrained and --leave-network-out)."),
@@ -478,12 +488,12 @@ def bench_e2e(
 ):
     """End to end: PyTorch eager and compile vs TVM untuned and tuned networks (xgb, xgb-pretrained, cwm); the report
     says how many of each network's tasks every learned cost model was trained on."""
-    from .benchmarks.e2e import DEFAULT_NETWORKS, run_e2e_benchmark
+    from .benchmarks.e2e import DEFAULT_NETWORKS, parse_contender, run_e2e_benchmark
     from .model.world_model import default_model_dir
 
     _quiet_tvm_logs()
     chosen = tuple(c.strip() for c in cost_models.split(",") if c.strip())
-    needs_training_data = "xgb-pretrained" in chosen or leave_network_out
+    needs_training_data = "xgb-pretrained" in {parse_contender(c, 1).cost_model for c in chosen} or leave_network_out
     summary = run_e2e_benchmark(networks or DEFAULT_NETWORKS, out, trials_per_task=trials_per_task,
                                 model_path=model or default_model_dir(), work_root=work_root, runs=runs,
                                 seeds=tuple(range(seeds)), num_trials_per_iter=num_trials_per_iter,

@@ -1,7 +1,9 @@
 """End-to-end benchmark: tuned networks against PyTorch.
 
 For each network: tune its compute tasks with each cost model under the same budget
-(``trials_per_task`` x number of compute tasks, MetaSchedule's gradient task scheduler) and its
+(``trials_per_task`` x number of compute tasks, split over the tasks by ``cwm.tuning.budget``; a
+contender ``NAME:T`` is tuned at T trials per task instead, for time-to-quality comparisons, and
+``NAME+transfer`` measures transferred schedules first, ``parse_contender``) and its
 layout tasks with ``LAYOUT_TRIALS_PER_TASK`` trials each, build
 the untuned and tuned libraries, check each against PyTorch, then time PyTorch eager,
 ``torch.compile`` (inductor), TVM untuned and TVM tuned per cost model in rotating blocks
@@ -34,6 +36,7 @@ import platform
 import tarfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -164,14 +167,15 @@ def _portable_path(path) -> str:
     return str(path)
 
 
-def _tune_timed(tasks, budget, work_dir: Path, cost_model, model_path, target, seed, per_iter, progress):
+def _tune_timed(tasks, budget, work_dir: Path, cost_model, model_path, target, seed, per_iter, progress,
+                transfer=False):
     """``tune_network`` with the wall time accumulated across resumed invocations in the work directory.
     ``tasks``: all of the network's."""
     start = time.time()
     try:
         result, _ = tune_network(tasks, trials=budget, work_dir=work_dir, cost_model=cost_model,
                                  model_path=model_path, target=target, seed=seed, num_trials_per_iter=per_iter,
-                                 progress=progress)
+                                 progress=progress, transfer=transfer)
     finally:  # a crashed invocation's time counts too: its records stay in the database
         elapsed = time.time() - start
         total = add_invocation_time(work_dir / TUNING_TIME_FILE, elapsed)
@@ -232,6 +236,30 @@ def _roofline(tasks, tune_results: dict, peak: tuple[float, float], top: int) ->
                                         "fraction_of_best_peak": gflops / peak[1] if peak[1] else None}
         rows.append(row)
     return rows
+
+
+# Tasks listed in the report's "where the time goes" table, by their share of the tuned network's time.
+TIME_SHARE_TOP = 10
+
+
+def time_shares(tasks, tune_results: dict, peak: float, top: int = TIME_SHARE_TOP) -> dict:
+    """Per contender, the ``top`` tasks by share of its tuned compute time (calls x the best latency over
+    its seeds), every kind included, with GFLOP/s and the fraction of the measured matmul ``peak``: where
+    the network's time goes after tuning, and how far each kernel is from the machine."""
+    out = {}
+    for cm, per_seed in tune_results.items():
+        best = {}
+        for result in per_seed.values():
+            for t in tasks:
+                if t.id in result.best:
+                    best[t.id] = min(best.get(t.id, math.inf), result.best[t.id]["latency"])
+        total = sum(t.weight * best[t.id] for t in tasks if t.id in best)
+        rows = [{"task": t.name, "kind": t.kind, "weight": t.weight, "latency_ms": best[t.id] * 1e3,
+                 "share": t.weight * best[t.id] / total, "gflops": t.flops / best[t.id] / 1e9,
+                 "fraction_of_peak": t.flops / best[t.id] / 1e9 / peak if peak else None}
+                for t in tasks if t.id in best]
+        out[cm] = sorted(rows, key=lambda r: -r["share"])[:top]
+    return out
 
 
 def _split_sha(split: dict, keys=("train", "val")) -> str:
@@ -352,6 +380,32 @@ def leave_out_world_model(train_db, split: dict, out_dir: Path, settings, progre
     return out_dir
 
 
+class Contender(NamedTuple):
+    """A tuned contender of the benchmark, parsed from ``NAME[+transfer][:T]``."""
+
+    cost_model: str
+    trials_per_task: int
+    transfer: bool
+
+
+TRANSFER_SUFFIX = "+transfer"
+
+
+def parse_contender(contender: str, trials_per_task: int) -> Contender:
+    """``xgb-pretrained:32`` is ``xgb-pretrained`` at 32 trials per task (time to quality: ``cwm`` at 8
+    against it); ``cwm+transfer`` also measures schedules transferred from the world model's training
+    tasks first (``cwm.schedule.transfer``); a plain cost model name is tuned at ``trials_per_task``."""
+    name, sep, trials = str(contender).partition(":")
+    if sep and (not trials.isdigit() or int(trials) < 1):
+        raise CwmError(f"contender {contender!r}: what follows ':' must be the trials per task, a positive integer")
+    transfer = name.endswith(TRANSFER_SUFFIX)
+    return Contender(name.removesuffix(TRANSFER_SUFFIX), int(trials) if sep else trials_per_task, transfer)
+
+
+def _kinds(contenders, trials_per_task) -> list[str]:
+    return [parse_contender(c, trials_per_task).cost_model for c in contenders]
+
+
 def _config(trials_per_task, seeds, cost_models, runs, target, peak_n=1024, *, leave_network_out=False,
             split=None) -> dict:
     config = {"trials_per_task": trials_per_task, "layout_trials_per_task": LAYOUT_TRIALS_PER_TASK,
@@ -360,7 +414,7 @@ def _config(trials_per_task, seeds, cost_models, runs, target, peak_n=1024, *, l
     # Only when used, so the results of runs without them still match their settings.
     if leave_network_out:
         config["leave_network_out"] = True
-    if split is not None and (leave_network_out or "xgb-pretrained" in cost_models):
+    if split is not None and (leave_network_out or "xgb-pretrained" in _kinds(cost_models, trials_per_task)):
         config["training_split_sha1"] = _split_sha(split)
     return config
 
@@ -409,23 +463,26 @@ def run_e2e_benchmark(
         raise CwmError("at least one tuning seed is needed")
     if not cost_models:
         raise CwmError("at least one cost model is needed")
-    for cm in cost_models:
+    if len(set(cost_models)) != len(cost_models):
+        raise CwmError(f"a contender is listed twice: {', '.join(cost_models)}")
+    kinds = _kinds(cost_models, trials_per_task)
+    for cm in kinds:
         check_cost_model(cm)
-    if leave_network_out and not any(cm in LEARNED for cm in cost_models):
+    if leave_network_out and not any(cm in LEARNED for cm in kinds):
         raise CwmError("leave_network_out retrains the cwm and xgb-pretrained cost models; neither is in "
                        f"cost_models ({', '.join(cost_models)})")
-    if (leave_network_out or "xgb-pretrained" in cost_models) and (train_db is None or split is None):
+    if (leave_network_out or "xgb-pretrained" in kinds) and (train_db is None or split is None):
         who = "leave_network_out" if leave_network_out else "the xgb-pretrained cost model"
         raise CwmError(f"{who} needs the training records: pass train_db (the database the world model "
                        "was trained on) and split (its train/val/test split)")
     split = _as_split(split)
     if train_db is not None and split is not None and not Path(train_db).is_dir():
         raise CwmError(f"training database {train_db} does not exist")
-    if train_settings is None and leave_network_out and "cwm" in cost_models:
+    if train_settings is None and leave_network_out and "cwm" in kinds:
         from ..model.training import TrainSettings
 
         train_settings = TrainSettings()
-    if "cwm" in cost_models and not leave_network_out:
+    if "cwm" in kinds and not leave_network_out:
         from ..model.world_model import default_model_dir
 
         path = Path(model_path) if model_path is not None else default_model_dir()
@@ -443,7 +500,7 @@ def run_e2e_benchmark(
     import tvm.s_tir.tensor_intrin  # noqa: F401
 
     model_paths = {}  # cost model -> its model_path for tune (per network with leave_network_out)
-    if "cwm" in cost_models and not leave_network_out:
+    if "cwm" in kinds and not leave_network_out:
         from ..model.world_model import WorldModel
 
         world_model = WorldModel.load(path)  # a corrupt or outdated model fails now, not after the xgb runs
@@ -454,7 +511,7 @@ def run_e2e_benchmark(
     set_threads(threads)
     config = _config(trials_per_task, seeds, cost_models, runs, target, peak_n,
                      leave_network_out=leave_network_out, split=split)
-    if "xgb-pretrained" in cost_models and not leave_network_out:
+    if "xgb-pretrained" in kinds and not leave_network_out:
         model_paths["xgb-pretrained"] = _pretrained_xgb(train_db, split, work_root, target)
 
     json_path = out_dir / "e2e.json"
@@ -469,10 +526,10 @@ def run_e2e_benchmark(
             log.warning("%s is unreadable; starting it over", json_path)
     hw = host_cpu()
     summary["host"] = {"cpu": hw.model, "cores": hw.cores, "threads": threads, "python": platform.python_version()}
-    if "cwm" in cost_models and not leave_network_out:
+    if "cwm" in kinds and not leave_network_out:
         summary["world_model"] = {"path": _portable_path(path),
                                   "trained_on": "/".join(world_model.config.machines) or None}
-    if "cwm" in cost_models and leave_network_out:
+    if "cwm" in kinds and leave_network_out:
         _leave_out_summary_model(summary, work_root)
     peak = peak_matmul_stats(n=peak_n, runs=30, threads=threads)
     summary["peak_matmul_gflops"] = peak["median"]
@@ -499,7 +556,7 @@ def run_e2e_benchmark(
             train_db=train_db, split=split, leave_network_out=leave_network_out, train_settings=train_settings,
         )
         summary["networks"][name] = entry
-        if "cwm" in cost_models and leave_network_out:
+        if "cwm" in kinds and leave_network_out:
             _leave_out_summary_model(summary, work_root)
         _finish(summary, out_dir)
     _finish(summary, out_dir)
@@ -519,8 +576,9 @@ def _learned_models(name, all_tasks, tasks, *, cost_models, model_paths, work_ro
     """(model path, work directory name) per cost model, and the entry's training-data keys: what
     ``cwm`` and ``xgb-pretrained`` saw of this network; with ``leave_network_out`` their models are
     first trained on ``split`` less every task of the network."""
-    paths = {cm: model_paths.get(cm) for cm in cost_models}
-    labels = {cm: cm for cm in cost_models}
+    kind = {c: parse_contender(c, 1).cost_model for c in cost_models}
+    paths = {c: model_paths.get(kind[c]) for c in cost_models}
+    labels = {c: c for c in cost_models}
     info = {}
     if not tasks:
         return paths, labels, info
@@ -529,17 +587,20 @@ def _learned_models(name, all_tasks, tasks, *, cost_models, model_paths, work_ro
         used_split = leave_network_out_split(split, [t.id for t in all_tasks])
         info["leave_network_out"] = {"removed_tasks": {k: len(split.get(k, [])) - len(used_split[k])
                                                        for k in ("train", "val")}}
-        if "cwm" in cost_models:
-            paths["cwm"] = leave_out_world_model(train_db, used_split, Path(work_root) / name / LEAVE_OUT_MODEL_DIR,
-                                                 train_settings, progress)
-        if "xgb-pretrained" in cost_models:
-            paths["xgb-pretrained"] = _pretrained_xgb(train_db, used_split, Path(work_root) / name, target)
-        labels = {cm: cm + LEAVE_OUT_SUFFIX if cm in LEARNED else cm for cm in cost_models}
+        trained = {}
+        if "cwm" in kind.values():
+            trained["cwm"] = leave_out_world_model(train_db, used_split, Path(work_root) / name / LEAVE_OUT_MODEL_DIR,
+                                                   train_settings, progress)
+        if "xgb-pretrained" in kind.values():
+            trained["xgb-pretrained"] = _pretrained_xgb(train_db, used_split, Path(work_root) / name, target)
+        paths = {c: trained.get(kind[c], paths[c]) for c in cost_models}
+        labels = {c: c + LEAVE_OUT_SUFFIX if kind[c] in LEARNED else c for c in cost_models}
     ids = [t.id for t in tasks]  # compute tasks: the layout tasks never consult a cost model
-    if "cwm" in cost_models:
-        info["world_model"] = world_model_overlap(paths["cwm"], ids)
-    if "xgb-pretrained" in cost_models:
-        info["xgb_pretrained"] = xgb_pretrained_overlap(paths["xgb-pretrained"], train_db, used_split, ids)
+    path_of = {kind[c]: paths[c] for c in cost_models}
+    if "cwm" in path_of:
+        info["world_model"] = world_model_overlap(path_of["cwm"], ids)
+    if "xgb-pretrained" in path_of:
+        info["xgb_pretrained"] = xgb_pretrained_overlap(path_of["xgb-pretrained"], train_db, used_split, ids)
     for key, cm in (("world_model", "cwm"), ("xgb_pretrained", "xgb-pretrained")):
         o = info.get(key)
         if o and o["held_out"] is None:
@@ -567,8 +628,10 @@ def _benchmark_network(name, model, inputs, *, target, config, out_dir, work_roo
     tasks = [t for t in all_tasks if tunable(t)]
     budget = trials_per_task * len(tasks)
     layout_budget = config["layout_trials_per_task"] * (len(all_tasks) - len(tasks))
+    parsed = {c: parse_contender(c, trials_per_task) for c in cost_models}
     entry = {"config": config, "status": "running", "total_tasks": len(all_tasks), "tunable_tasks": len(tasks),
              "trials_per_cost_model": budget + layout_budget, "layout_trials": layout_budget,
+             "trials_per_contender": {c: p.trials_per_task * len(tasks) + layout_budget for c, p in parsed.items()},
              "tuning": {}, "builds": {}, "checks": {}, "latency_ms": {},
              "latency_ms_per_seed": {}, "timing": {}, "errors": {}, "speedup_vs_eager": {},
              # A resumed benchmark measures the peak again; each network keeps the one its roofline used.
@@ -589,8 +652,9 @@ def _benchmark_network(name, model, inputs, *, target, config, out_dir, work_roo
             if not tasks:
                 continue
             _restore_work_dir(archive, wd, _safe(name), labels[cm], seed)
-            result, total_s, this_s = _tune_timed(all_tasks, budget, wd, cm, paths[cm], target, seed, per_iter,
-                                                  progress)
+            p = parsed[cm]
+            result, total_s, this_s = _tune_timed(all_tasks, p.trials_per_task * len(tasks), wd, p.cost_model,
+                                                  paths[cm], target, seed, per_iter, progress, transfer=p.transfer)
             tune_results[cm][seed] = result
             entry["tuning"].setdefault(cm, {})[str(seed)] = {
                 "work_dir": str(wd), "seconds": round(total_s, 1), "seconds_this_run": round(this_s, 1),
@@ -664,6 +728,7 @@ def _benchmark_network(name, model, inputs, *, target, config, out_dir, work_roo
 
     # 5. Roofline of the largest compute-bound tasks.
     entry["roofline"] = _roofline(tasks, tune_results, peak, roofline_top)
+    entry["time_shares"] = time_shares(tasks, tune_results, peak[0])
     entry["tuning_seconds"] = round(sum(t["seconds"] for per_seed in entry["tuning"].values()
                                         for t in per_seed.values()), 1)
     entry["seconds"] = round(time.time() - t_start, 1)
@@ -878,7 +943,8 @@ def markdown(summary: dict) -> str:
                     ok += f" (max diff {chk['max_abs_diff']:.1e})"
                 prepacked = f", {len(b['prepacked'])} with prepacked weights" if b.get("prepacked") else ""
                 layout = f", convolutions in {b['conv_layout']}" if b.get("conv_layout") else ""
-                lines.append(f"| {name} | {cm} | {seed} | {e['trials_per_cost_model']} | {t['seconds']:.0f} | "
+                trials = e.get("trials_per_contender", {}).get(cm, e["trials_per_cost_model"])
+                lines.append(f"| {name} | {cm} | {seed} | {trials} | {t['seconds']:.0f} | "
                              f"{b.get('tuned_tasks')} / {b.get('total_tasks')}{prepacked}{layout} | {ok} |")
     lines += ["", "## Roofline: best tuned kernels of the largest compute-bound tasks", "",
               "| network | task | kind | GFLOP | " + " | ".join(
@@ -892,7 +958,25 @@ def markdown(summary: dict) -> str:
                 cells.append(f"{v['gflops']:.1f} ({v['fraction_of_peak'] * 100:.0f}%)" if v else "n/a")
             lines.append(f"| {name} | {r['task'].split('/', 1)[-1]} | {r['kind']} | {r['flops'] / 1e9:.3f} | "
                          + " | ".join(cells) + " |")
+    lines += time_share_lines(summary)
     return "\n".join(lines) + "\n"
+
+
+def time_share_lines(summary: dict) -> list[str]:
+    """The report's "where the time goes" section: for each network, the first contender's tasks."""
+    lines = []
+    for name, e in summary["networks"].items():
+        shares = e.get("time_shares") or {}
+        if not shares:
+            continue
+        cm = next(iter(shares))
+        lines += ["", f"## Where the time goes: {name}, tuned with `{cm}` (best of its seeds)", "",
+                  "| task | kind | calls | ms a call | share | GFLOP/s (of peak) |", "|---|---|---|---|---|---|"]
+        for r in shares[cm]:
+            frac = f" ({r['fraction_of_peak'] * 100:.0f}%)" if r.get("fraction_of_peak") else ""
+            lines.append(f"| {r['task'].split('/', 1)[-1]} | {r['kind']} | {r['weight']:g} | {r['latency_ms']:.4f} | "
+                         f"{r['share'] * 100:.1f}% | {r['gflops']:.1f}{frac} |")
+    return lines
 
 
 def plot(summary: dict, path: Path) -> None:

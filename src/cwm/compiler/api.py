@@ -41,7 +41,7 @@ def check_trials(trials) -> None:
 
 def compile(model, example_inputs=None, *, trials: int | None = None, cost_model: str = "cwm", target=None,
             work_dir=None, model_path=None, seed: int = 0, progress: bool = True,
-            timing_runs: int = TIMING_RUNS) -> CompiledModel:
+            timing_runs: int = TIMING_RUNS, transfer: bool = True) -> CompiledModel:
     """Tune and build ``model`` for ``target`` (default: this host's CPU) and return it as a callable.
 
     ``model``: a ``torch.nn.Module`` or a ``torch.export.ExportedProgram``; ``example_inputs``: a tuple
@@ -49,6 +49,8 @@ def compile(model, example_inputs=None, *, trials: int | None = None, cost_model
     them, with a warning). ``trials``: the measurement budget over the model's compute tasks, default
     ``DEFAULT_TRIALS_PER_TASK`` (32) per compute task; each layout task gets 8 more. ``cost_model``:
     ``cwm`` (the shipped world model for this host, or ``model_path``), ``xgb``, ``random``, ...
+    ``transfer``: each task first measures schedules transferred from the most similar tasks the
+    world model was trained on (``cwm.schedule.transfer``), from its own budget.
 
     The tuned model is cached (``$CWM_CACHE`` or ``~/.cache/cwm``; ``work_dir`` to choose the entry's
     directory), keyed by the graph's structural hash, the target and the budget: a second compile
@@ -63,11 +65,12 @@ def compile(model, example_inputs=None, *, trials: int | None = None, cost_model
     target = as_target(target)
     imported = from_torch(model, example_inputs, target)
     return compile_imported(imported, trials=trials, cost_model=cost_model, target=target, work_dir=work_dir,
-                            model_path=model_path, seed=seed, progress=progress, timing_runs=timing_runs)
+                            model_path=model_path, seed=seed, progress=progress, timing_runs=timing_runs,
+                            transfer=transfer)
 
 
 def tune_imported(imported: ImportedModel, *, trials: int | None = None, cost_model: str = "cwm", target=None,
-                  work_dir=None, model_path=None, seed: int = 0, progress: bool = True):
+                  work_dir=None, model_path=None, seed: int = 0, progress: bool = True, transfer: bool = True):
     """Tune an imported model into its cache entry (or ``work_dir``) and build its library there,
     unless the entry is complete. Returns (entry, its record: tasks, rows, build summary, cached)."""
     check_trials(trials)
@@ -76,7 +79,7 @@ def tune_imported(imported: ImportedModel, *, trials: int | None = None, cost_mo
     tasks = extract_tasks(imported.mod, target, network=imported.name)
     compute = [t for t in tasks if tunable(t)]
     budget = trials if trials is not None else DEFAULT_TRIALS_PER_TASK * max(1, len(compute))
-    entry = CacheEntry.for_key(cache_key(imported.mod, target, budget, cost_model, seed), work_dir)
+    entry = CacheEntry.for_key(cache_key(imported.mod, target, budget, cost_model, seed, transfer), work_dir)
     with entry.lock():
         record = entry.complete()
         if record is not None:
@@ -89,7 +92,7 @@ def tune_imported(imported: ImportedModel, *, trials: int | None = None, cost_mo
                   f"{len(tasks) - len(compute)} layout task(s) get {LAYOUT_TRIALS_PER_TASK} each "
                   f"(cache: {entry.directory})", file=sys.stderr)
         _tune(tasks, compute, budget, entry, cost_model=cost_model, model_path=model_path, target=target,
-              seed=seed, progress=progress)
+              seed=seed, progress=progress, transfer=transfer)
         tuning_s = time.time() - start
         build = build_network(imported.mod, entry.db if tasks else None, target, entry.library)
         record = {"name": imported.name, "tasks": task_rows(tasks, entry.db), "tuning_seconds": round(tuning_s, 1),
@@ -99,12 +102,12 @@ def tune_imported(imported: ImportedModel, *, trials: int | None = None, cost_mo
     return entry, {**record, "key": entry.key, "cached": False}
 
 
-def _tune(tasks, compute, budget, entry, *, cost_model, model_path, target, seed, progress) -> None:
+def _tune(tasks, compute, budget, entry, *, cost_model, model_path, target, seed, progress, transfer) -> None:
     from ..tuning.tuner import tune_layout_tasks, tune_network
 
     if compute:
         tune_network(tasks, trials=budget, work_dir=entry.db, cost_model=cost_model, model_path=model_path,
-                     target=target, seed=seed, progress=progress, report=False)
+                     target=target, seed=seed, progress=progress, report=False, transfer=transfer)
     elif tasks:
         tune_layout_tasks(tasks, work_dir=entry.db, target=target, seed=seed, progress=progress)
 
@@ -141,10 +144,11 @@ def format_table(rows: list[dict]) -> str:
 
 
 def compile_imported(imported: ImportedModel, *, trials=None, cost_model="cwm", target=None, work_dir=None,
-                     model_path=None, seed=0, progress=True, timing_runs: int = TIMING_RUNS) -> CompiledModel:
+                     model_path=None, seed=0, progress=True, timing_runs: int = TIMING_RUNS,
+                     transfer: bool = True) -> CompiledModel:
     """``compile`` on a model already imported (``cwm.frontend``)."""
     entry, record = tune_imported(imported, trials=trials, cost_model=cost_model, target=target, work_dir=work_dir,
-                                  model_path=model_path, seed=seed, progress=progress)
+                                  model_path=model_path, seed=seed, progress=progress, transfer=transfer)
     compiled = CompiledModel(entry.library, imported.output_spec, report=record)
     outputs = compiled.run_numpy(imported.example_inputs)
     try:

@@ -32,16 +32,17 @@ def cache_root() -> Path:
     return Path(root).expanduser() if root else Path.home() / ".cache" / "cwm"
 
 
-def cache_key(mod, target, trials: int, cost_model: str, seed: int = 0) -> dict:
+def cache_key(mod, target, trials: int, cost_model: str, seed: int = 0, transfer: bool = True) -> dict:
     """What a tuned model depends on: the imported Relax module's structural hash (its graph and its
-    bound weights), the target, the budget, the cost model, the seed and the pipeline version."""
+    bound weights), the target, the budget, the cost model, the seed, whether schedules were
+    transferred, and the pipeline version."""
     from tvm_ffi import structural_hash
 
     from ..workloads.pipeline import PIPELINE_VERSION
 
     return {"format": CACHE_FORMAT, "graph": f"{structural_hash(mod) & 0xFFFFFFFFFFFFFFFF:016x}",
             "target": str(target), "trials": int(trials), "cost_model": cost_model, "seed": int(seed),
-            "pipeline": PIPELINE_VERSION}
+            "transfer": bool(transfer), "pipeline": PIPELINE_VERSION}
 
 
 @dataclass

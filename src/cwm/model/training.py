@@ -17,6 +17,7 @@ import numpy as np
 from ..data.dataset import load_dataset
 from ..errors import CwmError
 from ..model import distributed
+from ..schedule.transfer import TRANSFER_FILE, transfer_schedules_bytes
 
 log = logging.getLogger(__name__)
 
@@ -320,6 +321,7 @@ def _train(db_dir, split: dict, out_dir, settings: TrainSettings | None, *, prog
     model.config.metrics = {"validation": report.validation}
     # Atomic: out_dir is the complete old model or the complete new one, even after a kill.
     model.save(out_dir, extra_files={
+        TRANSFER_FILE: transfer_schedules_bytes(ds, list(split["train"]) + list(split.get("val", []))),
         "train_report.json": json.dumps(report.as_json(), indent=1, default=float) + "\n",
         TRAIN_SPLIT_FILE: json.dumps({k: sorted(split.get(k, [])) for k in ("train", "val")}, indent=1) + "\n"})
     distributed.barrier()  # let the other ranks load the saved model

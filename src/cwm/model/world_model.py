@@ -204,16 +204,17 @@ class WorldModel:
         return other
 
     # -- persistence ----------------------------------------------------------------------
-    def save(self, directory: str | Path, extra_files: dict[str, str] | None = None) -> Path:
+    def save(self, directory: str | Path, extra_files: dict[str, str | bytes] | None = None) -> Path:
         """Write the model directory atomically: a reader (or a run killed meanwhile) sees no
-        directory, the complete old one or the complete new one. ``extra_files`` (name -> text)
+        directory, the complete old one or the complete new one. ``extra_files`` (name -> text or bytes)
         are written into it too (e.g. the training report)."""
         final = Path(directory)
         check_output_dir(final)
         with atomic_directory(final) as directory:
             self._save_into(directory)
-            for name, text in (extra_files or {}).items():
-                (directory / name).write_text(text)
+            for name, content in (extra_files or {}).items():
+                path = directory / name
+                path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
         return final
 
     def _save_into(self, directory: Path) -> None:

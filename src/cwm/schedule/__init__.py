@@ -12,8 +12,11 @@ from .actions import (
     trace_to_json,
 )
 from .tir import block_names, workload_module
+from .transfer import TRANSFER_FILE, TransferSource, write_transfer_schedules
 
 __all__ = [
+    "TRANSFER_FILE",
+    "TransferSource",
     "actions_from_trace_json",
     "block_names",
     "changes_ir",
@@ -23,4 +26,5 @@ __all__ = [
     "trace_key",
     "trace_to_json",
     "workload_module",
+    "write_transfer_schedules",
 ]

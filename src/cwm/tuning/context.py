@@ -11,13 +11,16 @@ log = logging.getLogger(__name__)
 
 
 def tune_context(task, target, strategy: str, seed: int, num_threads: int | None = None,
-                 measured: set[str] | None = None):
-    """A TuneContext; with ``measured`` (trace keys), the search skips candidates measured before."""
+                 measured: set[str] | None = None, seeds: list | None = None):
+    """A TuneContext; with ``measured`` (trace keys), the search skips candidates measured before, and
+    ``seeds`` (schedules of the task without postprocessing, e.g. ``cwm.tuning.transfer``) are measured
+    first, before anything the search proposes."""
     import tvm.s_tir.meta_schedule as ms
 
     search = strategy
-    if measured is not None:
-        search = _dedup_search(ms.search_strategy.SearchStrategy.create(strategy), measured)
+    if measured is not None or seeds:
+        search = _dedup_search(ms.search_strategy.SearchStrategy.create(strategy),
+                               measured if measured is not None else set(), seeds or [])
     return ms.TuneContext(
         mod=task.mod,
         target=target,
@@ -29,8 +32,9 @@ def tune_context(task, target, strategy: str, seed: int, num_threads: int | None
     )
 
 
-def _dedup_search(inner, seen: set[str], max_rounds: int = 8):
-    """Wrap a search strategy so that it never proposes a candidate whose trace is in ``seen``.
+def _dedup_search(inner, seen: set[str], seeds: list, max_rounds: int = 8):
+    """Wrap a search strategy so that it never proposes a candidate whose trace is in ``seen``, and so
+    that its first batch is ``seeds`` (postprocessed here; those that fail a postprocessor are dropped).
 
     MetaSchedule's searches do not look at the database for what was measured already (see the
     TODO on ``measured_workloads_`` in evolutionary_search.cc), so a resumed run with the same seed
@@ -42,11 +46,27 @@ def _dedup_search(inner, seen: set[str], max_rounds: int = 8):
 
     @derived_object
     class DedupSearch(ms.search_strategy.PySearchStrategy):
-        def __init__(self, inner, seen):
+        def __init__(self, inner, seen, seeds):
             self.inner, self.seen, self.dropped = inner, seen, 0
+            self.seeds, self.context = list(seeds), None
 
         def _initialize_with_tune_context(self, context):
+            self.context = context
             self.inner._initialize_with_tune_context(context)
+
+        def _seed_candidates(self):
+            """The seeds as measure candidates; the inner search counts them as its own trials
+            (``notify_runner_results``), so they come out of the task's budget."""
+            seeds, self.seeds = self.seeds, []
+            out = []
+            for sch in seeds:
+                if not all(p.apply(sch) for p in self.context.space_generator.postprocs):
+                    continue
+                key = trace_key(trace_to_json(sch.trace))
+                if key not in self.seen:
+                    self.seen.add(key)
+                    out.append(ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(sch.mod, True)))
+            return out
 
         def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None):
             self.inner.pre_tuning(max_trials, num_trials_per_iter, design_spaces, database, cost_model)
@@ -55,6 +75,10 @@ def _dedup_search(inner, seen: set[str], max_rounds: int = 8):
             self.inner.post_tuning()
 
         def generate_measure_candidates(self):
+            if self.seeds:
+                seeded = self._seed_candidates()
+                if seeded:
+                    return seeded
             for _ in range(max_rounds):
                 candidates = self.inner.generate_measure_candidates()
                 if candidates is None:
@@ -76,6 +100,6 @@ def _dedup_search(inner, seen: set[str], max_rounds: int = 8):
             self.inner.notify_runner_results(measure_candidates, results)
 
         def clone(self):
-            return DedupSearch(self.inner.clone(), set(self.seen))
+            return DedupSearch(self.inner.clone(), set(self.seen), list(self.seeds))
 
-    return DedupSearch(inner, seen)
+    return DedupSearch(inner, seen, seeds)

@@ -17,7 +17,7 @@ from pathlib import Path
 from ..data.database import FAILURE_FILE, open_database, write_task_index
 from ..data.dataset import load_dataset
 from ..errors import CwmError
-from ..hardware import make_target
+from ..hardware import hardware_for_target, make_target
 from ..io import atomic_write_text, save_figure
 from ..schedule.actions import (
     actions_from_trace_json,
@@ -25,6 +25,7 @@ from ..schedule.actions import (
     trace_json_from_actions,
     trace_to_json,
 )
+from ..schedule.transfer import TRANSFER_CANDIDATES, TransferSource
 from ..workloads import Task, resolve_task
 from ..workloads.networks import LAYOUT_TRIALS_PER_TASK, tunable
 from .budget import MIN_TRIALS_PER_TASK, plan_trials
@@ -53,6 +54,7 @@ class TuneResult:
     cost_model_seconds: float = 0.0
     trials: int = 0
     resumed_records: int = 0  # earlier valid records the cost model learned before a resumed search
+    transferred: dict = field(default_factory=dict)  # task id -> transferred schedules measured first
 
     @property
     def weighted_latency(self) -> float | None:
@@ -67,6 +69,7 @@ class TuneResult:
             "seconds": round(self.seconds, 2),
             "cost_model_seconds": round(self.cost_model_seconds, 3),
             "resumed_records": self.resumed_records,
+            "transferred": self.transferred,
             "weighted_latency_seconds": self.weighted_latency,
             "best": self.best,
             "curve": self.curve,
@@ -137,6 +140,7 @@ def tune(
     strategy: str = "evolutionary",
     finetune_transition: bool = False,
     min_trials_per_task: int = MIN_TRIALS_PER_TASK,
+    transfer=False,
 ) -> TuneResult:
     """Tune ``tasks`` (a Task, a workload name, or a list of them) for ``trials`` measurements in total.
 
@@ -144,6 +148,10 @@ def tune(
     ``min_trials_per_task`` each, the rest by estimated share of the time) and the tasks are tuned
     one after another, heaviest first, each in batches of at most ``num_trials_per_iter``; one cost
     model learns across all of them. A budget too small for every task is reported before tuning.
+
+    ``transfer``: True (the world model in use, else the shipped one) or a world model directory whose
+    best schedules of its training tasks are replayed on each task without records and measured first,
+    up to ``TRANSFER_CANDIDATES`` from the task's budget (``cwm.schedule.transfer``).
 
     Resumable: a run on a ``work_dir`` that already holds records measures only the rest of each task's
     budget, and never a candidate whose trace is already in the database. Failed candidates are
@@ -186,6 +194,8 @@ def tune(
     start = time.time()
     if sum(remaining.values()) and any(done.get(t.id) for t in tasks):
         result.resumed_records = warm_start(model, work_dir, tasks, target)
+    source = _transfer_source(transfer, cost_model, model_path) if sum(remaining.values()) else None
+    machine = hardware_for_target(target).mcpu if source is not None else None
     if sum(remaining.values()):
         measured = measured_trace_keys(work_dir)
         index = {t.id: i for i, t in enumerate(tasks)}  # the seeds stay those of the given order
@@ -196,12 +206,17 @@ def tune(
                 task = tasks[index[tid]]
                 # A resumed search re-proposes what was measured before; those are dropped, and a search
                 # that ends early that way is followed by one with a new seed for the rest of the budget.
+                seeds = []
+                if source is not None and not done.get(tid) and remaining[tid]:
+                    seeds = source.schedules(task, machine, min(TRANSFER_CANDIDATES, remaining[tid]))
+                    result.transferred[tid] = len(seeds)
                 for round_ in range(MAX_SEARCH_ROUNDS):
                     left = remaining[tid]
                     if left == 0:
                         break
                     context = tune_context(task, target, strategy, seed + index[tid] + 7919 * round_,
-                                           measured=measured.setdefault(tid, set()))
+                                           measured=measured.setdefault(tid, set()), seeds=seeds)
+                    seeds = []  # measured in the first round
                     ms.tune_tasks(
                         tasks=[context],
                         task_weights=[task.weight],
@@ -226,6 +241,18 @@ def tune(
     if report:
         write_report(result, work_dir)
     return result
+
+
+def _transfer_source(transfer, cost_model: str, model_path):
+    """The ``TransferSource`` that ``tune``'s ``transfer`` names, or None."""
+    from ..model.world_model import default_model_dir
+
+    if transfer is False or transfer is None:
+        return None
+    if transfer is True:
+        uses_world_model = cost_model.startswith("cwm") and model_path is not None and Path(model_path).is_dir()
+        transfer = model_path if uses_world_model else default_model_dir()
+    return TransferSource.for_model(transfer)
 
 
 def add_invocation_time(path: Path, seconds: float, cost_model_seconds: float = 0.0) -> dict:

@@ -190,7 +190,8 @@ def rewrite_bool_ops(mod):
 
 FAST_MATH_UNARY_OPS = ("relax.nn.gelu", "relax.nn.gelu_tanh", "relax.erf", "relax.tanh")
 # Bump when fused_module changes which subgraphs a network has: cached builds keyed on it are stale.
-PIPELINE_VERSION = 4  # 2: rewrite_fast_math; 3: weight prepacking on CPU; 4: NHWC convolutions on CPU
+PIPELINE_VERSION = 5  # 2: rewrite_fast_math; 3: weight prepacking on CPU; 4: NHWC convolutions on CPU;
+# 5: batch norms folded into convolution weights
 
 
 def fast_math_counts(mod) -> dict[str, int]:
