@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CwmError
+from ..schedule.tir import buffer_shapes
 from ..workloads.reference import HELD_OUT_SUBGRAPHS
 from .database import TaskInfo
 
@@ -22,11 +23,7 @@ NEAR_DUPLICATE_TOLERANCE = 0.02
 
 def task_shapes(modules: dict[str, object]) -> dict[str, tuple[tuple[int, ...], ...]]:
     """Task id -> the shapes of its PrimFunc's buffers (parameters), from the tasks' IRModules."""
-    shapes = {}
-    for tid, mod in modules.items():
-        params = mod["main"].params  # the buffers themselves in this TVM
-        shapes[tid] = tuple(tuple(int(d) for d in p.shape) for p in params if getattr(p, "shape", None) is not None)
-    return shapes
+    return {tid: buffer_shapes(mod) for tid, mod in modules.items()}
 
 
 def near_duplicates(a: tuple, b: tuple, tolerance: float = NEAR_DUPLICATE_TOLERANCE) -> bool:

@@ -1,6 +1,11 @@
-"""TensorIR helpers: the workload module of a database line and a module's block names."""
+"""TensorIR helpers: the workload module of a database line, a module's block names and buffer shapes."""
 
 from __future__ import annotations
+
+
+def buffer_shapes(mod) -> tuple[tuple[int, ...], ...]:
+    """The shapes of a PrimFunc's buffers (its parameters, the buffers themselves in this TVM), in order."""
+    return tuple(tuple(int(d) for d in p.shape) for p in mod["main"].params if getattr(p, "shape", None) is not None)
 
 
 def workload_module(entry: list):

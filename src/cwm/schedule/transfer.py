@@ -20,6 +20,7 @@ from pathlib import Path
 from ..errors import CwmError
 from ..io import atomic_write_bytes
 from .actions import trace_json_from_actions, trace_key, trace_to_json
+from .tir import buffer_shapes
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +31,6 @@ TRANSFER_CANDIDATES = 2
 TRACES_PER_TASK = 3
 # Similar tasks tried per new task, most similar first.
 SOURCE_TASKS = 4
-
-
-def buffer_shapes(mod) -> tuple[tuple[int, ...], ...]:
-    """The shapes of a PrimFunc's buffers (its parameters), in order."""
-    return tuple(tuple(int(d) for d in p.shape) for p in mod["main"].params if getattr(p, "shape", None) is not None)
 
 
 def shape_distance(a: tuple, b: tuple) -> float | None:
