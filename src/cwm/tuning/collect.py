@@ -27,7 +27,7 @@ from ..hardware import hardware_for_target, make_target
 from ..io import atomic_write_text
 from ..schedule.actions import trace_key, trace_to_json
 from ..workloads import resolve_task
-from .context import tune_context
+from .context import search_one_task, tune_context
 from .measure import EvaluatorSettings, error_kind, make_builder, make_runner
 
 log = logging.getLogger(__name__)
@@ -141,23 +141,9 @@ MAX_PHASE_ROUNDS = 8
 
 def _run_phase(task, target, db, db_dir, *, strategy, cost_model, trials, batch, seed, builder, runner, callbacks,
                measured: set[str]):
-    import tvm.s_tir.meta_schedule as ms
-
     ctx = tune_context(task, target, strategy, seed, measured=measured)
-    ms.tune_tasks(
-        tasks=[ctx],
-        task_weights=[1.0],
-        work_dir=str(db_dir),
-        max_trials_global=trials,
-        max_trials_per_task=trials,
-        num_trials_per_iter=min(batch, trials),
-        builder=builder,
-        runner=runner,
-        database=db,
-        cost_model=cost_model,
-        measure_callbacks=callbacks,
-        task_scheduler="round-robin",
-    )
+    search_one_task(ctx, trials=trials, per_iter=batch, work_dir=db_dir, builder=builder, runner=runner,
+                    database=db, cost_model=cost_model, callbacks=callbacks)
 
 
 def collect(

@@ -32,6 +32,17 @@ def tune_context(task, target, strategy: str, seed: int, num_threads: int | None
     )
 
 
+def search_one_task(context, *, trials: int, per_iter: int, work_dir, builder, runner, database, cost_model,
+                    callbacks) -> None:
+    """MetaSchedule's search of one task for ``trials`` measurements, in batches of at most ``per_iter``."""
+    import tvm.s_tir.meta_schedule as ms
+
+    ms.tune_tasks(tasks=[context], task_weights=[1.0], work_dir=str(work_dir), max_trials_global=trials,
+                  max_trials_per_task=trials, num_trials_per_iter=min(per_iter, trials), builder=builder,
+                  runner=runner, database=database, cost_model=cost_model, measure_callbacks=callbacks,
+                  task_scheduler="round-robin")
+
+
 def _dedup_search(inner, seen: set[str], seeds: list, max_rounds: int = 8):
     """Wrap a search strategy so that it never proposes a candidate whose trace is in ``seen``, and so
     that its first batch is ``seeds`` (postprocessed here; those that fail a postprocessor are dropped).

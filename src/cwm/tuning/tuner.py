@@ -30,7 +30,7 @@ from ..workloads import Task, resolve_task
 from ..workloads.networks import LAYOUT_TRIALS_PER_TASK, tunable
 from .budget import MIN_TRIALS_PER_TASK, plan_trials
 from .collect import existing_counts, log_failures, measured_trace_keys
-from .context import tune_context
+from .context import search_one_task, tune_context
 from .measure import (
     EvaluatorSettings,
     compile_schedule,
@@ -157,7 +157,6 @@ def tune(
     budget, and never a candidate whose trace is already in the database. Failed candidates are
     recorded in the database (as MetaSchedule does) and with their error kind in ``failures.jsonl``.
     """
-    import tvm.s_tir.meta_schedule as ms
     from tqdm import tqdm
 
     if not isinstance(tasks, (list, tuple)):
@@ -217,20 +216,9 @@ def tune(
                     context = tune_context(task, target, strategy, seed + index[tid] + 7919 * round_,
                                            measured=measured.setdefault(tid, set()), seeds=seeds)
                     seeds = []  # measured in the first round
-                    ms.tune_tasks(
-                        tasks=[context],
-                        task_weights=[task.weight],
-                        work_dir=str(work_dir),
-                        max_trials_global=left,
-                        max_trials_per_task=left,
-                        num_trials_per_iter=min(num_trials_per_iter, left),
-                        builder=builder,
-                        runner=runner,
-                        database=db,
-                        cost_model=model,
-                        measure_callbacks=_callbacks(result, [task], bar, work_dir / FAILURE_FILE),
-                        task_scheduler="round-robin",
-                    )
+                    search_one_task(context, trials=left, per_iter=num_trials_per_iter, work_dir=work_dir,
+                                    builder=builder, runner=runner, database=db, cost_model=model,
+                                    callbacks=_callbacks(result, [task], bar, work_dir / FAILURE_FILE))
                     remaining[tid] = max(0, plan.trials[tid] - existing_counts(work_dir).get(tid, 0))
                     if remaining[tid] == left:
                         break  # the design space has nothing new left
