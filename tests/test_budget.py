@@ -53,6 +53,17 @@ def test_a_budget_below_the_floor_is_spread_heaviest_first_and_says_what_would_c
     assert "7 task(s) get no trial" in plan.describe(tasks)
 
 
+def test_the_expected_time_counts_only_what_is_not_yet_measured():
+    tasks = [FakeTask("a", 1e9), FakeTask("b", 1e8)]
+    plan = plan_trials(tasks, 600)
+    assert "about 10 min" in plan.describe(tasks)
+    done = {"a": plan.trials["a"], "b": 1}
+    assert plan.remaining(done) == {"a": 0, "b": plan.trials["b"] - 1}
+    text = plan.describe(tasks, done)
+    assert f"{plan.trials['a'] + 1} already measured" in text
+    assert f"about {(plan.trials['b'] - 1) / 60:.0f} min" in text
+
+
 @pytest.mark.parametrize("budget", [0, -1, 2.5, True])
 def test_a_bad_budget_is_one_line(budget):
     with pytest.raises(CwmError, match="positive integer"):
@@ -73,8 +84,9 @@ def test_four_trials_per_task_reach_every_task(tmp_path, capsys):
     assert all(t.id in result.best for t in tasks)
     assert sum(counts.values()) <= budget
     assert "3 task(s) share 12 trials" in capsys.readouterr().err
-    # Resumed with a larger budget: only each task's new share is measured.
-    tune(tasks, trials=2 * budget, work_dir=tmp_path, cost_model="random", progress=False)
+    # Resumed with a larger budget: only each task's new share is measured, and the plan says so.
+    tune(tasks, trials=2 * budget, work_dir=tmp_path, cost_model="random")
+    assert f"{sum(counts.values())} already measured" in capsys.readouterr().err
     assert sum(existing_counts(tmp_path).values()) <= 2 * budget
     assert min(existing_counts(tmp_path).values()) >= MIN_TRIALS_PER_TASK
 
@@ -99,3 +111,37 @@ def test_transferred_schedules_are_measured_first_from_the_tasks_budget(tmp_path
     assert result.transferred == {task.id: TRANSFER_CANDIDATES}
     assert existing_counts(tmp_path) == {task.id: TRANSFER_CANDIDATES + 1}
     assert (tmp_path / RECORD_FILE).read_text().count("\n") == TRANSFER_CANDIDATES + 1
+
+
+def test_a_schedule_transfers_to_the_same_computation_under_other_block_names():
+    """Relax names a fused task's blocks after its variables, so the same computation in another network
+    has other block names: the trace is replayed with its blocks mapped by position."""
+    import tvm
+    from tvm import s_tir
+
+    from cwm.schedule.actions import trace_to_json
+    from cwm.schedule.tir import buffer_shapes
+    from cwm.schedule.transfer import TransferSource, block_names
+    from cwm.workloads import Task, get_task
+
+    source = get_task("dense_relu:M=16,N=32,K=64")
+    sch = s_tir.Schedule(source.mod)
+    names = block_names(sch)
+    assert len(names) >= 2
+    block = sch.get_sblock(names[0])
+    i, j, k = sch.get_loops(block)
+    sch.split(j, factors=[None, 8])
+    sch.parallel(i)
+    entry = {"id": source.id, "name": source.name, "kind": source.kind,
+             "shapes": [list(s) for s in buffer_shapes(source.mod)], "script": source.mod.script(),
+             "bests": {"znver5": [{"latency": 1e-6, "trace": trace_to_json(sch.trace)}]}}
+
+    text = get_task("dense_relu:M=32,N=32,K=64").mod.script()  # another shape: another task
+    for n in names:
+        text = text.replace(f'"{n}"', f'"{n}_elsewhere"')
+    target = Task("net/dense_relu_elsewhere", tvm.script.from_source(text), kind=source.kind)
+    assert block_names(s_tir.Schedule(target.mod)) == [f"{n}_elsewhere" for n in names]
+    got = TransferSource([entry]).schedules(target, "znver5", 1)
+    assert len(got) == 1
+    loops = [int(got[0].get(x).extent) for x in got[0].get_loops(got[0].get_sblock(f"{names[0]}_elsewhere"))]
+    assert 8 in loops  # the split of the source schedule, on the renamed block

@@ -351,6 +351,41 @@ def bench_search(
     typer.echo(f"report: {out / 'search.json'}, {out / 'search.md'}, {out / 'search.png'}")
 
 
+@bench_app.command("ranker-variants")
+def bench_ranker_variants(
+    variants: list[str] = typer.Argument(None, help="Variant names (default: all); action-features, the "
+                                         "baseline, is always fitted."),
+    model: Optional[Path] = typer.Option(None, "--world-model", "--model", help=WORLD_MODEL_HELP),
+    db: Path = typer.Option(Path(SHIPPED_TRAINING_DB), help="Database the model's split names."),
+    split: Path = typer.Option(SHIPPED_TRAINING_SPLIT, help="Split with the test tasks (held out from the model)."),
+    folds: int = typer.Option(4, help="Folds of the training tasks for the out-of-fold F (1: no oof columns)."),
+    out: Path = typer.Option(Path("benchmarks/results"), help="Where world_model_experiments.json/md live."),
+    cache_dir: Optional[Path] = typer.Option(None, help="Feature cache (default: $CWM_CACHE/experiments)."),
+    seed: int = typer.Option(0),
+):
+    """The world model's fast experiment loop: ranker variants on cached features, scored on held-out tasks with
+    paired bootstrap intervals against action-features; rows merge into world_model_experiments.md."""
+    from .benchmarks.ranker_variants import VARIANTS, run_variants
+    from .compiler.cache import cache_root
+    from .model.world_model import default_model_dir
+
+    _quiet_tvm_logs()
+    if folds < 1:
+        _fail(f"--folds must be at least 1, got {folds}")
+    chosen = variants or list(VARIANTS)
+    command = "cwm bench ranker-variants " + " ".join(sys.argv[3:]) if len(sys.argv) > 3 else \
+        "cwm bench ranker-variants"
+    report = run_variants(model or default_model_dir(), resolve_db(db), load_split(split), chosen, out,
+                          folds=folds, cache_dir=cache_dir or cache_root() / "experiments", seed=seed,
+                          command=command)
+    for r in report["rows"]:
+        m = r["metrics"]
+        typer.echo(f"{r['variant']:<22} {r['machine']:<8} top1 {m['top1']['mean']:.3f} ({m['top1']['vs_baseline']:+.3f})"
+                   f"  top5 {m['top5']['mean']:.3f}  pairwise {m['pairwise_accuracy']['mean']:.3f}"
+                   f" ({m['pairwise_accuracy']['vs_baseline']:+.3f})")
+    typer.echo(f"report: {out / 'world_model_experiments.md'}")
+
+
 @bench_app.command("noise")
 def bench_noise(
     db: Path = typer.Option(..., "--db", help="Database whose records to re-measure (this machine's records)."),

@@ -5,6 +5,12 @@ class CwmError(Exception):
     """An error caused by the user's input or environment, reported without a traceback."""
 
 
+def check_positive_int(value, what: str) -> None:
+    """Raise a one-line ``CwmError`` unless ``value`` is a positive int (bools are not counts)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise CwmError(f"{what} must be a positive integer, got {value!r}")
+
+
 def first_line(err: BaseException) -> str:
     """The informative line of an exception's message."""
     lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]

@@ -99,6 +99,31 @@ def _refitted_decisions(sch):
     return provide
 
 
+def block_names(sch) -> list[str]:
+    """The names of the blocks under the root block of ``sch``'s ``main``, in program order."""
+    return [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+
+
+def renamed_blocks(trace, rename: dict[str, str]):
+    """``trace`` with the block names of its ``GetSBlock`` instructions mapped through ``rename``.
+
+    Relax names a fused task's blocks after its variables (``lv227_red`` in one network, ``lv200_red``
+    in the next), so a trace of the same computation does not find its blocks by name elsewhere."""
+    from tvm.s_tir.schedule import Instruction, Trace
+
+    insts, decisions = [], {}
+    for inst in trace.insts:
+        attrs = list(inst.attrs)
+        if inst.kind.name == "GetSBlock" and attrs and str(attrs[0]) in rename:
+            attrs[0] = rename[str(attrs[0])]
+        new = Instruction(inst.kind, list(inst.inputs), attrs, list(inst.outputs))
+        insts.append(new)
+        decision = trace.get_decision(inst)
+        if decision is not None:
+            decisions[new] = decision
+    return Trace(insts, decisions)
+
+
 class TransferSource:
     """The best schedules of a world model's training tasks, to seed the search of new tasks."""
 
@@ -164,9 +189,14 @@ class TransferSource:
             for trace in traces:  # the first that replays: each similar task lends one schedule
                 try:
                     src = s_tir.Schedule(self._module(entry), debug_mask="none")
+                    source_blocks = block_names(src)
                     s_tir.Trace.apply_json_to_schedule(trace, src)
                     sch = s_tir.Schedule(task.mod, debug_mask="none")
-                    src.trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=_refitted_decisions(sch))
+                    # the same computation's blocks, in the same order, under other names
+                    target_blocks = block_names(sch)
+                    rename = dict(zip(source_blocks, target_blocks)) if len(source_blocks) == len(target_blocks) else {}
+                    renamed_blocks(src.trace, rename).apply_to_schedule(
+                        sch, remove_postproc=True, decision_provider=_refitted_decisions(sch))
                 except Exception as err:  # TVM raises its own errors when a trace does not fit
                     log.debug("%s: a trace of %s does not replay: %s", task.name, entry["name"], err)
                     continue

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..errors import CwmError
+from ..errors import CwmError, check_positive_int
 
 # Trials every task gets before the rest of the budget is shared by estimated time.
 MIN_TRIALS_PER_TASK = 4
@@ -47,13 +47,19 @@ class TrialPlan:
     def covers_every_task(self) -> bool:
         return all(n > 0 for n in self.trials.values())
 
-    def describe(self, tasks) -> str:
-        """What the user reads before tuning: tasks, trials per task, expected time, and what a
-        budget too small for every task leaves out."""
+    def remaining(self, done: dict[str, int]) -> dict[str, int]:
+        """Trials left per task id when ``done`` (task id -> records) are already measured."""
+        return {tid: max(0, n - done.get(tid, 0)) for tid, n in self.trials.items()}
+
+    def describe(self, tasks, done: dict[str, int] | None = None) -> str:
+        """What the user reads before tuning: tasks, trials per task, expected time (of the trials
+        not yet in the database, ``done``), and what a budget too small for every task leaves out."""
         counts = sorted(self.trials.values())
-        minutes = self.budget * SECONDS_PER_TRIAL / 60
+        left = sum(self.remaining(done or {}).values())
+        minutes = left * SECONDS_PER_TRIAL / 60
+        resumed = f"{self.budget - left} already measured, " if left < self.budget else ""
         text = (f"{len(counts)} task(s) share {self.budget} trials: {counts[0]} to {counts[-1]} per task "
-                f"(median {counts[len(counts) // 2]}), heaviest first; expected tuning time about "
+                f"(median {counts[len(counts) // 2]}), heaviest first; {resumed}expected tuning time about "
                 f"{minutes:.0f} min at {SECONDS_PER_TRIAL:g} s a trial")
         if self.budget < self.budget_for_every_task:
             text += (f"\nthe budget of {self.budget} trials is below {self.floor} for each of {len(counts)} tasks; "
@@ -73,10 +79,8 @@ def plan_trials(tasks, budget: int, floor: int = MIN_TRIALS_PER_TASK) -> TrialPl
     ``estimated_seconds`` (largest remainders). A budget below ``floor`` per task is spread evenly,
     the heaviest tasks taking what does not divide, so that as many tasks as possible get a trial.
     """
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
-        raise CwmError(f"the trial budget must be a positive integer, got {budget!r}")
-    if isinstance(floor, bool) or not isinstance(floor, int) or floor <= 0:
-        raise CwmError(f"the trials per task must be a positive integer, got {floor!r}")
+    check_positive_int(budget, "the trial budget")
+    check_positive_int(floor, "the trials per task")
     if len({t.id for t in tasks}) != len(tasks):
         raise CwmError("the same task is listed twice")
     # Heaviest first; ties keep the given order (sorted is stable).

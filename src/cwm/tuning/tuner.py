@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..data.database import FAILURE_FILE, open_database, write_task_index
 from ..data.dataset import load_dataset
-from ..errors import CwmError
+from ..errors import CwmError, check_positive_int
 from ..hardware import hardware_for_target, make_target
 from ..io import atomic_write_text, save_figure
 from ..schedule.actions import (
@@ -163,10 +163,8 @@ def tune(
         tasks = [tasks]
     if not tasks:
         raise CwmError("no tasks to tune")
-    if isinstance(trials, bool) or not isinstance(trials, int) or trials <= 0:
-        raise CwmError(f"the trial budget must be a positive integer, got {trials!r}")
-    if isinstance(num_trials_per_iter, bool) or not isinstance(num_trials_per_iter, int) or num_trials_per_iter <= 0:
-        raise CwmError(f"num_trials_per_iter must be a positive integer, got {num_trials_per_iter!r}")
+    check_positive_int(trials, "the trial budget")
+    check_positive_int(num_trials_per_iter, "num_trials_per_iter")
     check_cost_model(cost_model)
     target = target or make_target()
     tasks = [resolve_task(t, target) if isinstance(t, str) else t for t in tasks]
@@ -182,13 +180,13 @@ def tune(
     db = open_database(work_dir)
 
     write_task_index(work_dir, tasks)
+    done = existing_counts(work_dir)
+    remaining = plan.remaining(done)
     if len(tasks) > 1:
         if progress:
-            print(f"cwm: {plan.describe(tasks)}", file=sys.stderr)
+            print(f"cwm: {plan.describe(tasks, done)}", file=sys.stderr)
         elif plan.budget < plan.budget_for_every_task:
-            log.warning("%s", " ".join(plan.describe(tasks).splitlines()[1:]))
-    done = existing_counts(work_dir)
-    remaining = {t.id: max(0, plan.trials[t.id] - done.get(t.id, 0)) for t in tasks}
+            log.warning("%s", " ".join(plan.describe(tasks, done).splitlines()[1:]))
     result = TuneResult(work_dir=work_dir, tasks=list(tasks))
     start = time.time()
     if sum(remaining.values()) and any(done.get(t.id) for t in tasks):
@@ -213,13 +211,15 @@ def tune(
                     left = remaining[tid]
                     if left == 0:
                         break
+                    before = len(result.trial_latencies)
                     context = tune_context(task, target, strategy, seed + index[tid] + 7919 * round_,
                                            measured=measured.setdefault(tid, set()), seeds=seeds)
                     seeds = []  # measured in the first round
                     search_one_task(context, trials=left, per_iter=num_trials_per_iter, work_dir=work_dir,
                                     builder=builder, runner=runner, database=db, cost_model=model,
                                     callbacks=_callbacks(result, [task], bar, work_dir / FAILURE_FILE))
-                    remaining[tid] = max(0, plan.trials[tid] - existing_counts(work_dir).get(tid, 0))
+                    # every measured candidate, failed ones too, is one record (AddToDatabase)
+                    remaining[tid] = max(0, left - (len(result.trial_latencies) - before))
                     if remaining[tid] == left:
                         break  # the design space has nothing new left
                 bar.update(remaining[tid])  # what a task could not use is not waited for

@@ -1,0 +1,83 @@
+"""The world model's fast experiment loop: cached features, ranker variants, the merged experiment table."""
+
+import json
+
+import numpy as np
+import pytest
+
+from cwm.benchmarks.ranker_variants import (
+    BASELINE_VARIANT,
+    VARIANTS,
+    column_group,
+    constant_columns,
+    run_variants,
+    split_features,
+)
+from cwm.data.split import load_split
+from cwm.errors import CwmError
+
+
+def test_column_groups_name_every_cached_column():
+    assert [column_group(n) for n in ("z0", "z63", "perf", "oof:z7", "oof:perf", "act:tile_0", "sched:x", "hw:cores")] \
+        == ["z", "z", "perf", "oof:z", "oof:perf", "act", "sched", "hw"]
+    for v in VARIANTS.values():  # every variant names columns that exist
+        assert set(v.columns) <= {"z", "perf", "oof:z", "oof:perf", "act", "sched", "hw"}
+
+
+def test_constant_columns_are_those_constant_within_every_group():
+    X = np.array([[1, 5, 0], [1, 6, 0], [2, 7, 3], [2, 7, 4]], dtype=np.float32)
+    groups = np.array(["a", "a", "b", "b"])
+    # column 0 differs between groups only; column 1 varies in a; column 2 varies in b
+    assert constant_columns(X, groups).tolist() == [True, False, False]
+
+
+def test_variants_are_scored_against_action_features_and_rows_merge(tiny_model, multi_db, multi_split, tmp_path):
+    split = load_split(multi_split)
+    cache = tmp_path / "cache"
+    out = tmp_path / "results"
+    report = run_variants(tiny_model, multi_db, split, ["cwm", "oof-perf-only", "action-features-top"], out,
+                          folds=2, cache_dir=cache, resamples=200, progress=False, command="test")
+    rows = {r["variant"]: r for r in report["rows"]}
+    assert set(rows) == {BASELINE_VARIANT, "cwm", "oof-perf-only", "action-features-top"}
+    base = rows[BASELINE_VARIANT]["metrics"]
+    for name, row in rows.items():
+        for metric in ("top1", "top5", "pairwise_accuracy"):
+            m = row["metrics"][metric]
+            assert 0.0 <= m["lo"] <= m["mean"] <= m["hi"] <= 1.0
+            assert m["vs_baseline"] == pytest.approx(m["mean"] - base[metric]["mean"], abs=1e-9)
+        assert row["columns"] > 0 and row["trees"] >= 1
+    assert all(v == 0.0 for k, v in base["top1"].items() if k.startswith("vs"))
+    # the oof variant has one latent column (the out-of-fold score head) on top of the static ones
+    assert rows["oof-perf-only"]["columns"] == rows[BASELINE_VARIANT]["columns"] + 1
+    assert rows["oof-perf-only"]["folds"] == 2 and rows["cwm"]["folds"] is None
+    assert (out / "world_model_experiments.md").read_text().count("| oof-perf-only |") == 1
+    assert report["test_groups"] == 1 and report["test_records"] > 0
+
+    # the features are cached: a second run reads them, and its rows replace only its own
+    assert len(list(cache.glob("ranker_features_*.npz"))) == 1
+    again = run_variants(tiny_model, multi_db, split, ["perf-only"], out, folds=2, cache_dir=cache, resamples=200,
+                         progress=False)
+    names = [r["variant"] for r in again["rows"]]
+    assert sorted(names) == sorted({BASELINE_VARIANT, "cwm", "oof-perf-only", "action-features-top", "perf-only"})
+    assert len(names) == len(set(names))
+    saved = json.loads((out / "world_model_experiments.json").read_text())
+    assert len(saved["rows"]) == 5
+
+
+def test_oof_training_rows_come_from_an_f_that_did_not_see_their_task(tiny_model, multi_db, multi_split, tmp_path):
+    split = load_split(multi_split)
+    feats = split_features(tiny_model, multi_db, split, folds=2, cache_dir=None, progress=False)
+    train, test = feats["train"], feats["test"]
+    z = [i for i, n in enumerate(train.names) if column_group(n) == "z"]
+    oof_z = [i for i, n in enumerate(train.names) if column_group(n) == "oof:z"]
+    assert len(z) == len(oof_z) > 0
+    # training rows: another F's rollout; test rows: the model's own F (which never saw them)
+    assert not np.allclose(train.X[:, z], train.X[:, oof_z])
+    np.testing.assert_array_equal(test.X[:, z], test.X[:, oof_z])
+
+
+def test_a_split_whose_test_tasks_the_model_saw_is_refused(tiny_model, multi_db, multi_split, tmp_path):
+    split = load_split(multi_split)
+    leaky = {**split, "test": split["train"][:1]}
+    with pytest.raises(CwmError, match="test task"):
+        split_features(tiny_model, multi_db, leaky, folds=1, progress=False)
