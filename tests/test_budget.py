@@ -145,3 +145,48 @@ def test_a_schedule_transfers_to_the_same_computation_under_other_block_names():
     assert len(got) == 1
     loops = [int(got[0].get(x).extent) for x in got[0].get_loops(got[0].get_sblock(f"{names[0]}_elsewhere"))]
     assert 8 in loops  # the split of the source schedule, on the renamed block
+
+
+def test_a_task_tuned_earlier_in_the_run_lends_its_best_schedule_first(tmp_path):
+    """The tasks of one network share layouts and fused epilogues that the training tasks may lack: in a
+    run with transfer, each tuned task's best schedule seeds the similar tasks tuned after it."""
+    from cwm.model.world_model import default_model_dir
+    from cwm.schedule.transfer import TransferSource
+    from cwm.tuning import tune
+    from cwm.workloads import get_task
+
+    heavy, light = get_task("dense_relu:M=64,N=64,K=64"), get_task("dense_relu:M=32,N=64,K=64")
+    result = tune(heavy, trials=2, work_dir=tmp_path / "a", cost_model="random", progress=False)
+    best = result.best[heavy.id]
+
+    source = TransferSource.for_model(default_model_dir())
+    assert not any(e.get("this_run") for _, e in source.similar(light))
+    source.add_tuned(heavy, "znver5", best["latency"], best["trace"])
+    nearest = source.similar(light)
+    assert nearest[0][1]["id"] == heavy.id  # before every training task
+    assert len(source.schedules(light, "znver5", 1)) == 1
+
+    # in tune: the heavier task goes first and lends to the lighter one
+    both = tune([heavy, light], trials=8, work_dir=tmp_path / "b", cost_model="random", progress=False,
+                transfer=True, min_trials_per_task=4)
+    assert both.transferred[light.id] >= 1
+
+
+def test_transfer_coverage_counts_the_tasks_a_trace_reaches(tmp_path, monkeypatch):
+    import cwm.workloads
+    from cwm.benchmarks.transfer import transfer_coverage, write_coverage
+    from cwm.model.world_model import default_model_dir
+    from cwm.tuning import tune
+    from cwm.workloads import get_task
+
+    tasks = [get_task("dense_relu:M=64,N=64,K=64"), get_task("dense_relu:M=32,N=64,K=64"),
+             get_task("softmax:M=32,N=64")]
+    monkeypatch.setattr(cwm.workloads, "network_tasks", lambda name: tasks)
+    tune(tasks[:1], trials=2, work_dir=tmp_path / "db", cost_model="random", progress=False)
+    report = transfer_coverage("toy", default_model_dir(), tmp_path / "db", machine="znver5")
+    rows = {r["task"]: r for r in report["rows"]}
+    assert [r["task"] for r in report["rows"]][0] == tasks[0].name  # heaviest first
+    assert rows[tasks[1].name]["in_run"] and not rows[tasks[0].name]["in_run"]  # lent by the tuned heavier one
+    assert not rows[tasks[2].name]["in_run"]  # another kind
+    assert report["in_run"] == 1 and report["either"] >= report["from_model"]
+    assert "| toy |" in write_coverage([report], tmp_path / "out").read_text()

@@ -386,6 +386,40 @@ def bench_ranker_variants(
     typer.echo(f"report: {out / 'world_model_experiments.md'}")
 
 
+@bench_app.command("transfer-coverage")
+def bench_transfer_coverage(
+    networks: list[str] = typer.Argument(..., help="Built-in networks (cwm workloads list --networks)."),
+    model: Optional[Path] = typer.Option(None, "--world-model", "--model", help=WORLD_MODEL_HELP),
+    run_db: list[str] = typer.Option([], "--run-db", help="NETWORK=DIR: a tuned database of that network, for "
+                                     "in-run transfer (repeatable)."),
+    out: Path = typer.Option(Path("benchmarks/results/transfer"), help="Where transfer_coverage.json/md go."),
+):
+    """How many compute tasks of each network get a transferred schedule, from the world model's training tasks
+    and from the network's tasks tuned before them (no measurement)."""
+    from .benchmarks.transfer import transfer_coverage, write_coverage
+    from .model.world_model import default_model_dir
+
+    _quiet_tvm_logs()
+    dbs = {}
+    for spec in run_db:
+        name, sep, path = spec.partition("=")
+        if not sep or not path:
+            _fail(f"--run-db must be NETWORK=DIR, got {spec!r}")
+        if not Path(path).is_dir():
+            _fail(f"--run-db {spec}: {path} is not a directory")
+        dbs[name] = Path(path)
+    unknown = set(dbs) - set(networks)
+    if unknown:
+        _fail(f"--run-db names a network that is not benchmarked: {', '.join(sorted(unknown))}")
+    for net in networks:
+        get_network(net)
+    reports = [transfer_coverage(net, model or default_model_dir(), dbs.get(net)) for net in networks]
+    for r in reports:
+        typer.echo(f"{r['network']:<16} {r['tasks']} compute tasks: {r['from_model']} from the model"
+                   + (f", {r['in_run']} from the run, {r['either']} from either" if "in_run" in r else ""))
+    typer.echo(f"report: {write_coverage(reports, out)}")
+
+
 @bench_app.command("noise")
 def bench_noise(
     db: Path = typer.Option(..., "--db", help="Database whose records to re-measure (this machine's records)."),

@@ -124,7 +124,7 @@ def _model_features(model, ds):
     return X, lat, groups
 
 
-def _oof_columns(model, train_ds, folds: int, settings, progress: bool):
+def _oof_columns(model, train_ds, train_latencies, folds: int, settings, progress: bool):
     """(z, perf) of the training rows, each fold's from an F trained on the other folds."""
     from ..model.training import fit_transition, ranked_trajectories
     from ..model.world_model import WorldModel
@@ -147,10 +147,12 @@ def _oof_columns(model, train_ds, folds: int, settings, progress: bool):
         transition, _ = fit_transition(inner, model.encoder, settings, np.random.default_rng(settings.seed + k),
                                        progress)
         fold_model = WorldModel(model.encoder, transition, model.ranker, model.config)
-        X, _, _ = _model_features(fold_model, held)
+        X, lat, _ = _model_features(fold_model, held)
         at = 0
         for tid, trajs in ranked_trajectories(held):
             n = len(trajs)
+            if not np.array_equal(lat[at:at + n], train_latencies[starts[tid]:starts[tid] + n]):
+                raise CwmError(f"out-of-fold rows of task {tid} are not in the order of the training rows")
             z[starts[tid]:starts[tid] + n] = X[at:at + n, :latent]
             perf[starts[tid]:starts[tid] + n] = X[at:at + n, latent:latent + 1]
             at += n
@@ -201,7 +203,7 @@ def split_features(model_dir, db_dir, split: dict, *, folds: int = DEFAULT_FOLDS
         known = {f for f in TrainSettings.__dataclass_fields__}
         trained = (model.config.trained_on or {}).get("settings", {})
         settings = TrainSettings(**{k: v for k, v in trained.items() if k in known})
-        z_oof, perf_oof = _oof_columns(model, parts["train"], folds, settings, progress)
+        z_oof, perf_oof = _oof_columns(model, parts["train"], out["train"].latencies, folds, settings, progress)
         latent = model.latent_dim
         for part, f in out.items():
             if part == "train":

@@ -154,6 +154,16 @@ class TransferSource:
             return None
         return cls.load(path)
 
+    def add_tuned(self, task, machine: str | None, latency: float, trace) -> None:
+        """Lend ``task``'s best schedule of this run to the tasks tuned after it: those of the same
+        network share its layouts and fused epilogues, which the training tasks may not (they come
+        first in ``similar``)."""
+        self.entries = [e for e in self.entries if e["id"] != task.id]
+        self.entries.append({"id": task.id, "name": task.name, "kind": task.kind, "this_run": True,
+                             "shapes": [list(x) for x in buffer_shapes(task.mod)], "script": None,
+                             "bests": {machine or "": [{"latency": latency, "trace": trace}]}})
+        self._mods[task.id] = task.mod
+
     def _module(self, entry: dict):
         if entry["id"] not in self._mods:
             import tvm
@@ -162,8 +172,9 @@ class TransferSource:
         return self._mods[entry["id"]]
 
     def similar(self, task) -> list[tuple[float, dict]]:
-        """(distance, entry) of the training tasks of ``task``'s kind whose buffers fit, nearest first;
-        the task itself is never its own source."""
+        """(distance, entry) of the tasks of ``task``'s kind whose buffers fit: those tuned earlier in this
+        run first (``add_tuned``), then the training tasks, nearest first within each; the task itself is
+        never its own source."""
         shapes = buffer_shapes(task.mod)
         found = []
         for e in self.entries:
@@ -172,7 +183,7 @@ class TransferSource:
             d = shape_distance(shapes, tuple(tuple(s) for s in e["shapes"]))
             if d is not None:
                 found.append((d, e))
-        found.sort(key=lambda x: (x[0], x[1]["id"]))
+        found.sort(key=lambda x: (not x[1].get("this_run"), x[0], x[1]["id"]))
         return found[:SOURCE_TASKS]
 
     def schedules(self, task, machine: str | None, limit: int = TRANSFER_CANDIDATES) -> list:
