@@ -36,6 +36,9 @@ BASE_RANKER = {"objective": "rank:pairwise", "n_estimators": 200, "max_depth": 6
 # What a top-weighted variant changes (issue: R for the top of the list).
 TOP_RANKER = {"objective": "rank:ndcg", "labels": "rank", "label_levels": 32, "n_estimators": 1000,
               "early_stopping_rounds": 50, "lambdarank_num_pair_per_sample": 8}
+# XGBoost's validation ndcg@10 is highest at round 0, where every prediction ties and ties are ordered
+# by label, so early stopping on it keeps one tree: the *-top rows are that failure, kept in the table.
+RANK_GRADES = {"labels": "rank", "label_levels": 32}
 COLUMN_GROUPS = ("z", "perf", "oof:z", "oof:perf", "act", "sched", "hw")
 BASELINE_VARIANT = "action-features"
 DEFAULT_FOLDS = 4
@@ -63,6 +66,12 @@ VARIANTS: dict[str, RankerVariant] = {v.name: v for v in [
     RankerVariant("oof-cwm", ("oof:z", "oof:perf") + _STATIC,
                   description="z and perf from an F that did not see the row's task (K folds)"),
     RankerVariant("oof-perf-only", ("oof:perf",) + _STATIC, description="out-of-fold score head, no raw z"),
+    RankerVariant("action-features-rank-grades", _STATIC, RANK_GRADES,
+                  description="grades spread over each group's ranks instead of floor(thr^2 * 15)"),
+    RankerVariant("perf-only-rank-grades", ("perf",) + _STATIC, RANK_GRADES,
+                  description="score head only, rank grades"),
+    RankerVariant("perf-only-rank-grades-no-constant", ("perf",) + _STATIC, RANK_GRADES, drop_constant=True,
+                  description="score head only, rank grades, no column that is constant within every group"),
     RankerVariant("action-features-top", _STATIC, TOP_RANKER, drop_constant=True,
                   description="rank grades, rank:ndcg, early stopping on the val tasks, no constant columns"),
     RankerVariant("cwm-top", ("z", "perf") + _STATIC, TOP_RANKER, drop_constant=True,
@@ -105,12 +114,19 @@ class SplitFeatures:
         return np.array([i for i, n in enumerate(self.names) if column_group(n) in wanted], dtype=np.int64)
 
 
+def model_id(model_dir: Path) -> str:
+    """A digest of a world model directory's files: the same model wherever it is checked out."""
+    h = hashlib.sha1()
+    for f in sorted(Path(model_dir).rglob("*")):
+        if f.is_file() and f.suffix in (".json", ".safetensors", ".ubj", ".bin"):
+            h.update(str(f.relative_to(model_dir)).encode())
+            h.update(hashlib.sha1(f.read_bytes()).digest())
+    return h.hexdigest()[:12]
+
+
 def _cache_key(model_dir: Path, db_dir: Path, split: dict, folds: int) -> str:
     h = hashlib.sha1()
-    for f in sorted(model_dir.glob("*")):
-        if f.is_file() and f.suffix in (".json", ".safetensors", ".ubj", ".bin"):
-            h.update(f.name.encode())
-            h.update(hashlib.sha1(f.read_bytes()).digest())
+    h.update(model_id(model_dir).encode())
     h.update(str(Path(db_dir).resolve()).encode())
     h.update(json.dumps({k: sorted(split.get(k, [])) for k in ("train", "val", "test")}).encode())
     h.update(str(folds).encode())
@@ -292,7 +308,8 @@ def run_variants(model_dir, db_dir, split: dict, variants, out_dir, *, folds: in
     rows = []
     for variant in chosen:
         name = variant.name
-        row = {"variant": name, "description": variant.description, "model": str(model_dir), "machine": machine,
+        row = {"variant": name, "description": variant.description, "model": _model_name(model_dir),
+               "model_id": model_id(Path(model_dir)), "machine": machine,
                "folds": folds if any(c.startswith("oof:") for c in variant.columns) else None,
                "command": command, "date": time.strftime("%Y-%m-%d"), **info[name], "metrics": {}}
         for m in RANKING_METRICS:
@@ -314,6 +331,16 @@ def run_variants(model_dir, db_dir, split: dict, variants, out_dir, *, folds: in
     return report
 
 
+def _model_name(model_dir) -> str:
+    """``cwm/pretrained/NAME`` for a shipped model, else the path as given."""
+    from ..model.world_model import shipped_models
+
+    for name, path in shipped_models().items():
+        if Path(model_dir).resolve() == path.resolve():
+            return f"cwm/pretrained/{name}"
+    return str(model_dir)
+
+
 def _merge_rows(path: Path, rows: list[dict], meta: dict) -> dict:
     report = {"rows": []}
     if path.exists():
@@ -321,7 +348,7 @@ def _merge_rows(path: Path, rows: list[dict], meta: dict) -> dict:
             report = json.loads(path.read_text())
         except json.JSONDecodeError:
             raise CwmError(f"{path} is not valid JSON; move it away to start a new table") from None
-    key = lambda r: (r["variant"], r["model"], r["machine"])  # noqa: E731
+    key = lambda r: (r["variant"], r.get("model_id", r["model"]), r["machine"])  # noqa: E731
     new = {key(r) for r in rows}
     report["rows"] = [r for r in report.get("rows", []) if key(r) not in new] + rows
     report.update(meta)
@@ -353,7 +380,7 @@ def experiments_markdown(report: dict) -> str:
     ]
     for r in report["rows"]:
         m = r["metrics"]
-        lines.append(f"| {r['variant']} | `{r['machine']}` | {Path(r['model']).name} | {r['columns']} | {r['trees']} | "
+        lines.append(f"| {r['variant']} | `{r['machine']}` | {r['model']} | {r['columns']} | {r['trees']} | "
                      f"{iv(m['top1'])} | {iv(m['top5'])} | {iv(m['pairwise_accuracy'])} | "
                      f"{iv(m['pairwise_per_group'])} | {diff(m['top1'])} | {diff(m['top5'])} | "
                      f"{diff(m['pairwise_accuracy'])} |")
