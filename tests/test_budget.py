@@ -148,8 +148,8 @@ def test_a_schedule_transfers_to_the_same_computation_under_other_block_names():
 
 
 def test_a_task_tuned_earlier_in_the_run_lends_its_best_schedule_first(tmp_path):
-    """The tasks of one network share layouts and fused epilogues that the training tasks may lack: in a
-    run with transfer, each tuned task's best schedule seeds the similar tasks tuned after it."""
+    """The tasks of one network share layouts and fused epilogues that the training tasks may lack: a
+    tuned task's best schedule comes first for the similar tasks after it (what transfer-coverage counts)."""
     from cwm.model.world_model import default_model_dir
     from cwm.schedule.transfer import TransferSource
     from cwm.tuning import tune
@@ -165,11 +165,6 @@ def test_a_task_tuned_earlier_in_the_run_lends_its_best_schedule_first(tmp_path)
     nearest = source.similar(light)
     assert nearest[0][1]["id"] == heavy.id  # before every training task
     assert len(source.schedules(light, "znver5", 1)) == 1
-
-    # in tune: the heavier task goes first and lends to the lighter one
-    both = tune([heavy, light], trials=8, work_dir=tmp_path / "b", cost_model="random", progress=False,
-                transfer=True, min_trials_per_task=4)
-    assert both.transferred[light.id] >= 1
 
 
 def test_transfer_coverage_counts_the_tasks_a_trace_reaches(tmp_path, monkeypatch):

@@ -170,9 +170,9 @@ def tune(
     per_iter: int = typer.Option(32, help="Candidates measured per search iteration."),
     finetune_transition: bool = typer.Option(False, help="cwm: also fine-tune the transition online on the "
                                              "measured candidates' replayed states (slower per round)."),
-    transfer: bool = typer.Option(True, "--transfer/--no-transfer", help="Measure first, from each task's "
+    transfer: bool = typer.Option(False, "--transfer/--no-transfer", help="Measure first, from each task's "
                                   "budget, the best schedules of the most similar tasks the world model was "
-                                  "trained on, refitted to the task's loops."),
+                                  "trained on, refitted to the task's loops (off by default: see docs/deployment.md)."),
 ):
     """Tune a workload, a network or a TVMScript kernel; writes a database and a report."""
     _quiet_tvm_logs()

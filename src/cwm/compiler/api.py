@@ -41,7 +41,7 @@ def check_trials(trials) -> None:
 
 def compile(model, example_inputs=None, *, trials: int | None = None, cost_model: str = "cwm", target=None,
             work_dir=None, model_path=None, seed: int = 0, progress: bool = True,
-            timing_runs: int = TIMING_RUNS, transfer: bool = True) -> CompiledModel:
+            timing_runs: int = TIMING_RUNS, transfer: bool = False) -> CompiledModel:
     """Tune and build ``model`` for ``target`` (default: this host's CPU) and return it as a callable.
 
     ``model``: a ``torch.nn.Module`` or a ``torch.export.ExportedProgram``; ``example_inputs``: a tuple
@@ -50,7 +50,8 @@ def compile(model, example_inputs=None, *, trials: int | None = None, cost_model
     ``DEFAULT_TRIALS_PER_TASK`` (32) per compute task; each layout task gets 8 more. ``cost_model``:
     ``cwm`` (the shipped world model for this host, or ``model_path``), ``xgb``, ``random``, ...
     ``transfer``: each task first measures schedules transferred from the most similar tasks the
-    world model was trained on (``cwm.schedule.transfer``), from its own budget.
+    world model was trained on (``cwm.schedule.transfer``), from its own budget. Off by default: such a
+    seed can make MetaSchedule's evolutionary search fail a check (docs/deployment.md).
 
     The tuned model is cached (``$CWM_CACHE`` or ``~/.cache/cwm``; ``work_dir`` to choose the entry's
     directory), keyed by the graph's structural hash, the target and the budget: a second compile
@@ -70,7 +71,7 @@ def compile(model, example_inputs=None, *, trials: int | None = None, cost_model
 
 
 def tune_imported(imported: ImportedModel, *, trials: int | None = None, cost_model: str = "cwm", target=None,
-                  work_dir=None, model_path=None, seed: int = 0, progress: bool = True, transfer: bool = True):
+                  work_dir=None, model_path=None, seed: int = 0, progress: bool = True, transfer: bool = False):
     """Tune an imported model into its cache entry (or ``work_dir``) and build its library there,
     unless the entry is complete. Returns (entry, its record: tasks, rows, build summary, cached)."""
     check_trials(trials)
@@ -145,7 +146,7 @@ def format_table(rows: list[dict]) -> str:
 
 def compile_imported(imported: ImportedModel, *, trials=None, cost_model="cwm", target=None, work_dir=None,
                      model_path=None, seed=0, progress=True, timing_runs: int = TIMING_RUNS,
-                     transfer: bool = True) -> CompiledModel:
+                     transfer: bool = False) -> CompiledModel:
     """``compile`` on a model already imported (``cwm.frontend``)."""
     entry, record = tune_imported(imported, trials=trials, cost_model=cost_model, target=target, work_dir=work_dir,
                                   model_path=model_path, seed=seed, progress=progress, transfer=transfer)

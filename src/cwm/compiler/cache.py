@@ -32,7 +32,7 @@ def cache_root() -> Path:
     return Path(root).expanduser() if root else Path.home() / ".cache" / "cwm"
 
 
-def cache_key(mod, target, trials: int, cost_model: str, seed: int = 0, transfer: bool = True) -> dict:
+def cache_key(mod, target, trials: int, cost_model: str, seed: int = 0, transfer: bool = False) -> dict:
     """What a tuned model depends on: the imported Relax module's structural hash (its graph and its
     bound weights), the target, the budget, the cost model, the seed, whether schedules were
     transferred, and the pipeline version."""

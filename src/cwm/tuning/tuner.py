@@ -223,9 +223,6 @@ def tune(
                     if remaining[tid] == left:
                         break  # the design space has nothing new left
                 bar.update(remaining[tid])  # what a task could not use is not waited for
-                if source is not None and tid in result.best:
-                    best = result.best[tid]
-                    source.add_tuned(task, machine, best["latency"], best["trace"])
     result.seconds = time.time() - start
     result.cost_model_seconds = model.seconds_spent
     _fill_best_from_database(result, work_dir)
@@ -243,8 +240,7 @@ def _transfer_source(transfer, cost_model: str, model_path):
     if transfer is True:
         uses_world_model = cost_model.startswith("cwm") and model_path is not None and Path(model_path).is_dir()
         transfer = model_path if uses_world_model else default_model_dir()
-    # a model without training schedules still lets the run's tasks lend to each other
-    return TransferSource.for_model(transfer) or TransferSource([])
+    return TransferSource.for_model(transfer)
 
 
 def add_invocation_time(path: Path, seconds: float, cost_model_seconds: float = 0.0) -> dict:
