@@ -665,15 +665,15 @@ def test_e2e_combine_keeps_each_networks_run_and_refuses_mixed_settings(tmp_path
 
 
 def test_e2e_names_a_shipped_model_without_the_checkout_path(tmp_path, monkeypatch):
-    from cwm.benchmarks.e2e import _portable_path
+    from cwm.io import portable_path
     from cwm.model.world_model import shipped_models
 
     name, path = next(iter(shipped_models().items()))
-    assert _portable_path(path) == f"cwm/pretrained/{name}"
+    assert portable_path(path) == f"cwm/pretrained/{name}"
     monkeypatch.chdir(tmp_path)
     (tmp_path / "models" / "mine").mkdir(parents=True)
-    assert _portable_path(tmp_path / "models" / "mine") == "models/mine"
-    assert _portable_path("/") == "/"
+    assert portable_path(tmp_path / "models" / "mine") == "models/mine"
+    assert portable_path("/") == "/"
 
 
 def test_e2e_database_archive_restores_one_work_dir_and_refuses_a_corrupt_one(tmp_path, monkeypatch):

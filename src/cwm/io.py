@@ -186,3 +186,15 @@ def atomic_directory(path: str | os.PathLike):
     except OSError as err:
         raise CwmError(f"cannot replace {path}: {err.strerror or err}") from None
     shutil.rmtree(old, ignore_errors=True)
+
+
+def portable_path(path) -> str:
+    """A shipped model as ``cwm/pretrained/NAME``, a path under the working directory relative to it:
+    results committed from one checkout read the same in another."""
+    import cwm
+
+    path = Path(path).resolve()
+    for base in (Path(cwm.__file__).parent.parent, Path.cwd().resolve()):
+        if path.is_relative_to(base):
+            return str(path.relative_to(base))
+    return str(path)

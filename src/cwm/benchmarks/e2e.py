@@ -47,7 +47,7 @@ from ..deploy.runtime import load_and_run
 from ..errors import CwmError, first_line
 from ..frontend import zoo
 from ..hardware import host_cpu, make_target
-from ..io import atomic_file, atomic_write_text
+from ..io import atomic_file, atomic_write_text, portable_path
 from ..model.metrics import geomean as metrics_geomean
 from ..tuning.registry import check_cost_model
 from ..tuning.tuner import add_invocation_time, tune_network
@@ -153,18 +153,6 @@ def _build_cached(mod_fn, db_dir, target, lib_path: Path, weights: str) -> dict:
     atomic_write_text(side, json.dumps(meta, indent=1) + "\n")
     meta["cached"] = False
     return meta
-
-
-def _portable_path(path) -> str:
-    """A shipped model as ``cwm/pretrained/NAME``, a path under the working directory relative to it:
-    results committed from one checkout read the same in another."""
-    import cwm
-
-    path = Path(path).resolve()
-    for base in (Path(cwm.__file__).parent.parent, Path.cwd().resolve()):
-        if path.is_relative_to(base):
-            return str(path.relative_to(base))
-    return str(path)
 
 
 def _tune_timed(tasks, budget, work_dir: Path, cost_model, model_path, target, seed, per_iter, progress,
@@ -307,7 +295,7 @@ def training_overlap(task_ids, seen, *, path, trained_on) -> dict:
     trained on; None: unknown). ``held_out``: none of them (None when unknown)."""
     ids = set(task_ids)
     k = None if seen is None else len(ids & set(seen))
-    return {"path": _portable_path(path) if path is not None else None, "trained_on": trained_on,
+    return {"path": portable_path(path) if path is not None else None, "trained_on": trained_on,
             "tasks_in_training": k, "tasks": len(ids), "held_out": None if k is None else k == 0}
 
 
@@ -527,7 +515,7 @@ def run_e2e_benchmark(
     hw = host_cpu()
     summary["host"] = {"cpu": hw.model, "cores": hw.cores, "threads": threads, "python": platform.python_version()}
     if "cwm" in kinds and not leave_network_out:
-        summary["world_model"] = {"path": _portable_path(path),
+        summary["world_model"] = {"path": portable_path(path),
                                   "trained_on": "/".join(world_model.config.machines) or None}
     if "cwm" in kinds and leave_network_out:
         _leave_out_summary_model(summary, work_root)
@@ -567,7 +555,7 @@ def _leave_out_summary_model(summary: dict, work_root: Path) -> None:
     """The report's world model line with leave_network_out: one model per network, trained on the
     machine of the first one trained (``combine_e2e_results`` compares it)."""
     mcpus = [e["world_model"].get("mcpu") for e in summary["networks"].values() if e.get("world_model")]
-    summary["world_model"] = {"path": _portable_path(work_root / "<network>" / LEAVE_OUT_MODEL_DIR),
+    summary["world_model"] = {"path": portable_path(work_root / "<network>" / LEAVE_OUT_MODEL_DIR),
                               "trained_on": mcpus[0] if mcpus else None, "leave_network_out": True}
 
 

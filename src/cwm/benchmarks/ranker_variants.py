@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CwmError
-from ..io import atomic_write_text, ensure_directory
+from ..io import atomic_write_text, ensure_directory, portable_path
 
 log = logging.getLogger(__name__)
 
@@ -133,16 +133,9 @@ def _cache_key(model_dir: Path, db_dir: Path, split: dict, folds: int) -> str:
     return h.hexdigest()[:16]
 
 
-def _model_features(model, ds):
-    from ..model.training import ranker_arrays
-
-    X, lat, groups = ranker_arrays(model, ds)
-    return X, lat, groups
-
-
 def _oof_columns(model, train_ds, train_latencies, folds: int, settings, progress: bool):
     """(z, perf) of the training rows, each fold's from an F trained on the other folds."""
-    from ..model.training import fit_transition, ranked_trajectories
+    from ..model.training import fit_transition, ranked_trajectories, ranker_arrays
     from ..model.world_model import WorldModel
 
     tasks = sorted(train_ds.by_task)
@@ -163,7 +156,7 @@ def _oof_columns(model, train_ds, train_latencies, folds: int, settings, progres
         transition, _ = fit_transition(inner, model.encoder, settings, np.random.default_rng(settings.seed + k),
                                        progress)
         fold_model = WorldModel(model.encoder, transition, model.ranker, model.config)
-        X, lat, _ = _model_features(fold_model, held)
+        X, lat, _ = ranker_arrays(fold_model, held)
         at = 0
         for tid, trajs in ranked_trajectories(held):
             n = len(trajs)
@@ -182,7 +175,7 @@ def split_features(model_dir, db_dir, split: dict, *, folds: int = DEFAULT_FOLDS
     """Every ranker column of the train, val and test records under ``model_dir``'s world model (which
     must not have seen the test tasks), with ``oof`` columns for ``folds`` > 1; cached in ``cache_dir``."""
     from ..data.dataset import load_dataset
-    from ..model.training import TrainSettings
+    from ..model.training import TrainSettings, ranker_arrays
     from ..model.world_model import WorldModel, training_tasks
 
     model_dir = Path(model_dir)
@@ -211,7 +204,7 @@ def split_features(model_dir, db_dir, split: dict, *, folds: int = DEFAULT_FOLDS
     out = {}
     for part, sub in parts.items():
         t = time.time()
-        X, lat, groups = _model_features(model, sub) if sub.trajectories else (
+        X, lat, groups = ranker_arrays(model, sub) if sub.trajectories else (
             np.zeros((0, len(model.feature_names)), np.float32), np.zeros(0), np.zeros(0, dtype=str))
         out[part] = SplitFeatures(X.astype(np.float32), lat, np.asarray(groups).astype(str), list(model.feature_names))
         log.info("%s: %d rows in %.0f s", part, len(X), time.time() - t)
@@ -308,7 +301,7 @@ def run_variants(model_dir, db_dir, split: dict, variants, out_dir, *, folds: in
     rows = []
     for variant in chosen:
         name = variant.name
-        row = {"variant": name, "description": variant.description, "model": _model_name(model_dir),
+        row = {"variant": name, "description": variant.description, "model": portable_path(model_dir),
                "model_id": model_id(Path(model_dir)), "machine": machine,
                "folds": folds if any(c.startswith("oof:") for c in variant.columns) else None,
                "command": command, "date": time.strftime("%Y-%m-%d"), **info[name], "metrics": {}}
@@ -329,16 +322,6 @@ def run_variants(model_dir, db_dir, split: dict, variants, out_dir, *, folds: in
         "feature_seconds": round(feature_seconds, 1)})
     atomic_write_text(out_dir / f"{RESULTS_NAME}.md", experiments_markdown(report))
     return report
-
-
-def _model_name(model_dir) -> str:
-    """``cwm/pretrained/NAME`` for a shipped model, else the path as given."""
-    from ..model.world_model import shipped_models
-
-    for name, path in shipped_models().items():
-        if Path(model_dir).resolve() == path.resolve():
-            return f"cwm/pretrained/{name}"
-    return str(model_dir)
 
 
 def _merge_rows(path: Path, rows: list[dict], meta: dict) -> dict:
