@@ -263,10 +263,11 @@ def test_cli_tunes_builds_and_runs_a_model_file(tmp_path, make, kind):
     assert result.exit_code == 0, result.output
     tuned, total = map(int, result.output.split(" tasks tuned")[0].split()[-1].split("/"))
     assert tuned >= 1 and total >= 1
-    result = runner.invoke(app, ["run", str(lib), "--check-model", str(path)])
+    result = runner.invoke(app, ["run", str(lib), "--check-model", str(path), "--profile", "--runs", "2"])
     assert result.exit_code == 0, result.output
     reference = "PyTorch" if kind == "pt2" else "ONNX Runtime"
     assert f"outputs match {reference}" in result.output
+    assert "Network call" in result.output and "| kernel | calls |" in result.output
     # The check can fail: another model's file does not match this library.
     other = make()[0]
     torch.manual_seed(7)

@@ -94,6 +94,21 @@ def test_mlp_tuned_build_runs_and_matches_torch(mlp_build):
     assert report["max_abs_diff"] < 1e-4
 
 
+def test_the_profile_times_each_kernel_inside_the_network_call(mlp_build):
+    from cwm.deploy.profile import profile_network
+
+    model, inputs, mod, db, result = mlp_build
+    profile = profile_network(result.lib_path, [x.numpy() for x in inputs], runs=3, warmup=1)
+    assert sorted(k.name for k in profile.kernels) == sorted(result.prepacked)  # the two dense layers, once each
+    assert all(k.calls == 1 and k.ms > 0 for k in profile.kernels)
+    assert profile.call_ms > 0 and profile.builtin_ms > 0
+    assert profile.kernel_ms < 10 * profile.call_ms  # per call, not summed over the runs
+    table = profile.markdown()
+    assert all(k.name in table for k in profile.kernels) and "outside them" in table
+    with pytest.raises(CwmError, match="expects|shape"):
+        profile_network(result.lib_path, [np.zeros((2, 3), "float32")], runs=1)
+
+
 def test_a_database_tuned_without_weight_prepack_builds_without_it(mlp_build, tmp_path, target):
     """Prepacking changes the tasks, so the build follows the database: one tuned before
     prepacking existed still applies, and forcing the other mode leaves every task missing."""
@@ -528,6 +543,11 @@ def test_e2e_benchmark_tiny_mode(mlp_build, tmp_path, target):
     shares = e["time_shares"]["xgb"]  # where the tuned time goes: every tuned task, largest share first
     assert len(shares) == 2 and abs(sum(r["share"] for r in shares) - 1) < 1e-9
     assert shares[0]["share"] >= shares[1]["share"] and "## Where the time goes: mlp" in (out / "e2e.md").read_text()
+    # ... and inside the network call of the fastest seed's library, each task's kernel by its own name
+    assert e["profile"]["library"] == "tvm_xgb@s0" and e["profile"]["call_ms"] > 0
+    assert sorted(k["name"] for k in e["profile"]["kernels"]) == sorted(e["builds"]["tvm_xgb@s0"]["prepacked"])
+    rows = [ln for ln in (out / "e2e.md").read_text().splitlines() if ln.startswith("| fused_")]
+    assert len(rows) == 2 and all(ln.split("|")[5].strip() for ln in rows)  # the in-network ms column is filled
     assert e["peak_matmul_gflops"] == data["peak_matmul_gflops"]
     assert data["geomean_speedup_vs_eager"]["tvm_xgb"] > 0
     assert "geometric mean" in (out / "e2e.md").read_text()

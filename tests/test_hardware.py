@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 
@@ -84,3 +85,26 @@ def test_machine_difference_of_a_model_trained_on_several_machines():
         "mcpu znver5 -> znver3, simd_bits 512 -> 256"
     assert machine_difference(zen5, zen5, ["unknown"]) is None
     assert machine_difference(xeon, None, machines) is None
+
+
+def test_the_tvm_runtime_gets_one_thread_per_physical_core():
+    """TVM's own default is half the logical CPUs on x86: one thread on a 2-vCPU machine without SMT."""
+    import subprocess
+    import sys
+
+    from cwm.hardware import RUNTIME_THREADS_ENV, physical_cores
+
+    env = {k: v for k, v in os.environ.items() if k != RUNTIME_THREADS_ENV}
+    code = "import cwm, tvm; print(tvm.runtime.num_threads())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert int(out.stdout.split()[-1]) == physical_cores()
+
+
+def test_a_thread_count_the_user_set_is_kept(monkeypatch):
+    from cwm.hardware import RUNTIME_THREADS_ENV, physical_cores, use_physical_cores
+
+    monkeypatch.setenv(RUNTIME_THREADS_ENV, "3")
+    assert use_physical_cores() == 3
+    monkeypatch.delenv(RUNTIME_THREADS_ENV)
+    assert use_physical_cores() == physical_cores()
+    assert os.environ[RUNTIME_THREADS_ENV] == str(physical_cores())

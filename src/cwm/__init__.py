@@ -6,6 +6,9 @@ The main nouns are imported on first use (``import cwm`` stays cheap and loads n
 """
 
 from .errors import CwmError
+from .hardware import use_physical_cores
+
+use_physical_cores()  # before TVM's thread pool starts; see its docstring
 
 __version__ = "0.1.0"
 __all__ = ["CwmError", "WorldModel", "WorldModelCostModel", "__version__", "compile", "tune"]

@@ -490,6 +490,9 @@ def run(
                                               "against it (PyTorch for .pt2, ONNX Runtime for .onnx)."),
     input_shape: list[str] = typer.Option(None, "--input-shape", help="NAME=1x3x224x224 (as for `cwm tune`)."),
     seed: int = typer.Option(0, help="Seed of the random inputs."),
+    profile: bool = typer.Option(False, "--profile", help="Then time each kernel inside the network call and "
+                                 "the time outside the kernels."),
+    runs: int = typer.Option(20, help="Calls timed by --profile (plain, then instrumented)."),
 ):
     """Run a built network on the Relax VM with random inputs (checked against PyTorch with --network, against
     the source model with --model-file)."""
@@ -509,19 +512,24 @@ def run(
             typer.echo(f"output {i}: shape {tuple(o.shape)} {o.dtype}, mean {float(np.mean(o)):.6g}")
         check_outputs(imported.expected_outputs(), outputs, **imported.tolerance, reference=imported.reference_name)
         typer.echo(f"outputs match {imported.reference_name}")
-        return
-    if network is not None:
-        get_network(network)  # an unknown name fails before PyTorch is imported
-        model, example = torch_model(network)
-        inputs = [x.numpy() for x in example]
+        inputs = imported.example_inputs
     else:
-        inputs = random_inputs(lib, seed)  # from the sidecar `cwm build` writes; --network otherwise
-    outputs = load_and_run(lib, inputs)
-    for i, o in enumerate(outputs):
-        typer.echo(f"output {i}: shape {tuple(o.shape)} {o.dtype}, mean {float(np.mean(o)):.6g}")
-    if network is not None:
-        check_against_torch(model, example, outputs, **tolerance_for(model))
-        typer.echo("outputs match PyTorch")
+        if network is not None:
+            get_network(network)  # an unknown name fails before PyTorch is imported
+            model, example = torch_model(network)
+            inputs = [x.numpy() for x in example]
+        else:
+            inputs = random_inputs(lib, seed)  # from the sidecar `cwm build` writes; --network otherwise
+        outputs = load_and_run(lib, inputs)
+        for i, o in enumerate(outputs):
+            typer.echo(f"output {i}: shape {tuple(o.shape)} {o.dtype}, mean {float(np.mean(o)):.6g}")
+        if network is not None:
+            check_against_torch(model, example, outputs, **tolerance_for(model))
+            typer.echo("outputs match PyTorch")
+    if profile:
+        from .deploy.profile import profile_network
+
+        typer.echo(profile_network(lib, inputs, runs=runs).markdown())
 
 
 @bench_app.command("e2e")

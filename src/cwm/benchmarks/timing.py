@@ -12,6 +12,7 @@ import numpy as np
 
 from ..deploy.runtime import _device, check_inputs, load_vm, read_sidecar
 from ..errors import CwmError, first_line
+from ..hardware import RUNTIME_THREADS_ENV
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ def set_threads(n: int = 2) -> None:
     import tvm
 
     torch.set_num_threads(n)
-    os.environ["TVM_NUM_THREADS"] = str(n)
+    os.environ[RUNTIME_THREADS_ENV] = str(n)
     try:
         if tvm.runtime.num_threads() != n:
             tvm.get_global_func("runtime.config_threadpool")(1, n)  # 1: the default ("big cores") mode

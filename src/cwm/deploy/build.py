@@ -235,6 +235,9 @@ def _task_gvars(fused_mod, target):
     return groups
 
 
+PREPACKED_SUFFIX = "_prepacked"  # SplitLayoutRewritePreproc's name for a kernel on prepacked weights
+
+
 def _prepack_weights(mod, target):
     """Split the weight-layout rewrites off the tuned kernels and fold them into the constant weights.
 
@@ -250,7 +253,7 @@ def _prepack_weights(mod, target):
     with target, tvm.transform.PassContext(opt_level=3):
         mod = tvm.transform.Sequential(
             [relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant()])(mod)
-    names = sorted(gv.name_hint for gv in mod.get_global_vars() if gv.name_hint.endswith("_prepacked"))
+    names = sorted(gv.name_hint for gv in mod.get_global_vars() if gv.name_hint.endswith(PREPACKED_SUFFIX))
     left = sorted({call.args[0].name_hint for call in _calls_in(mod["main"])
                    if call.args and getattr(call.args[0], "name_hint", "").endswith("_weight_prepack")})
     if left:
