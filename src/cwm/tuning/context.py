@@ -71,6 +71,10 @@ def _dedup_search(inner, seen: set[str], seeds: list, max_rounds: int = 8):
             seeds, self.seeds = self.seeds, []
             out = []
             for sch in seeds:
+                # As MetaSchedule does: the marker lets a replay of the stored trace drop the postprocessors'
+                # instructions (RewriteLayout's TransformLayout) and run them anew. Without it the evolutionary
+                # search replayed a seed's TransformLayout onto its mutants and failed a check in TVM.
+                sch.enter_postproc()
                 if not all(p.apply(sch) for p in self.context.space_generator.postprocs):
                     continue
                 key = trace_key(trace_to_json(sch.trace))
