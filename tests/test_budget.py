@@ -172,6 +172,20 @@ def test_a_task_tuned_earlier_in_the_run_lends_its_best_schedule_first(tmp_path)
     assert len(source.schedules(light, "znver5", 1)) == 1
 
 
+def test_with_transfer_a_tuned_task_seeds_the_similar_tasks_tuned_after_it(tmp_path):
+    """In-run transfer: with a model that carries no schedules, only the run's own tasks can lend."""
+    from cwm.tuning import tune
+    from cwm.workloads import get_task
+
+    heavy, light = get_task("dense_relu:M=64,N=64,K=64"), get_task("dense_relu:M=32,N=64,K=64")
+    no_schedules = tmp_path / "model"
+    no_schedules.mkdir()
+    result = tune([heavy, light], trials=8, work_dir=tmp_path / "db", cost_model="random", progress=False,
+                  report=False, transfer=no_schedules)
+    assert result.transferred == {heavy.id: 0, light.id: 1}  # the heavier one is tuned first and lends
+    assert set(result.best) == {heavy.id, light.id}
+
+
 def test_transfer_coverage_counts_the_tasks_a_trace_reaches(tmp_path, monkeypatch):
     import cwm.workloads
     from cwm.benchmarks.transfer import transfer_coverage, write_coverage

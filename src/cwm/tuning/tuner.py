@@ -151,7 +151,8 @@ def tune(
 
     ``transfer``: True (the world model in use, else the shipped one) or a world model directory whose
     best schedules of its training tasks are replayed on each task without records and measured first,
-    up to ``TRANSFER_CANDIDATES`` from the task's budget (``cwm.schedule.transfer``).
+    up to ``TRANSFER_CANDIDATES`` from the task's budget (``cwm.schedule.transfer``); each tuned task's
+    best schedule is lent, first, to the similar tasks tuned after it in the run.
 
     Resumable: a run on a ``work_dir`` that already holds records measures only the rest of each task's
     budget, and never a candidate whose trace is already in the database. Failed candidates are
@@ -223,6 +224,9 @@ def tune(
                     if remaining[tid] == left:
                         break  # the design space has nothing new left
                 bar.update(remaining[tid])  # what a task could not use is not waited for
+                if source is not None and tid in result.best:  # lent to the similar tasks tuned after it
+                    best = result.best[tid]
+                    source.add_tuned(task, machine, best["latency"], best["trace"])
     result.seconds = time.time() - start
     result.cost_model_seconds = model.seconds_spent
     _fill_best_from_database(result, work_dir)
@@ -240,7 +244,8 @@ def _transfer_source(transfer, cost_model: str, model_path):
     if transfer is True:
         uses_world_model = cost_model.startswith("cwm") and model_path is not None and Path(model_path).is_dir()
         transfer = model_path if uses_world_model else default_model_dir()
-    return TransferSource.for_model(transfer)
+    # a model without training schedules still lets the run's tasks lend to each other
+    return TransferSource.for_model(transfer) or TransferSource([])
 
 
 def add_invocation_time(path: Path, seconds: float, cost_model_seconds: float = 0.0) -> dict:
