@@ -144,6 +144,17 @@ def test_ranker_order_invariant():
     assert np.isfinite(f.predict(Xt)).all()
 
 
+def test_an_uninformative_model_does_not_score_a_perfect_validation_ndcg():
+    """XGBoost's NDCG keeps the row order among tied scores: rows stored fastest first made a model that
+    cannot tell the validation rows apart score 1.0, and early stopping kept one tree."""
+    X, lat, grp = make_data(n_groups=8, n_per=20)
+    X_val, lat_val, grp_val = make_data(n_groups=6, n_per=20, seed=5)
+    X_val[:] = 1.0  # nothing to tell the candidates of a group apart: every score ties
+    ranker = LambdaRanker(RankerConfig(**SMALL)).fit(X, lat, grp, eval_set=(X_val, lat_val, grp_val))
+    val = ranker.history_["val"]["ndcg@10"]
+    assert len(val) == SMALL["n_estimators"] and max(val) < 0.95
+
+
 def test_ranker_learns_within_group_order_despite_offsets():
     X, lat, grp = make_data(n_groups=24, n_per=30, seed=0)
     Xv, latv, grpv = make_data(n_groups=8, n_per=30, seed=1)

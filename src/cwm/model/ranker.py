@@ -259,8 +259,11 @@ class LambdaRanker:
     def _dmatrix(self, X: Any, latencies: Any, groups: Any, what: str):
         """Build a group-sorted DMatrix; None if no group has >= 2 valid candidates.
 
-        Rows are put into a canonical order (group label, latency, row content)
-        so the model does not depend on the order the caller passed rows in.
+        Rows are put into a canonical order (group label, row content, a hash of the latency)
+        so the model does not depend on the order the caller passed rows in. Not by latency:
+        XGBoost's NDCG keeps the row order among tied scores, so rows sorted fastest first made
+        an uninformative model (round 0, or columns constant within a group) score a perfect
+        validation NDCG and early stopping keep a single tree.
         """
         import xgboost as xgb
 
@@ -284,8 +287,8 @@ class LambdaRanker:
         keep = n_valid[codes] >= 2
         if not keep.any():
             return None
-        lat_key = np.where(valid, lat, np.inf)
-        order = np.lexsort((_row_hash(Xa), lat_key, codes))
+        lat_key = np.where(valid, lat, np.inf).astype(np.float64)[:, None]
+        order = np.lexsort((_row_hash(lat_key.view(np.float32)), _row_hash(Xa), codes))
         order = order[keep[order]]
         sizes = np.unique(codes[order], return_counts=True)[1]
         dm = xgb.DMatrix(
