@@ -171,8 +171,9 @@ def tune(
     finetune_transition: bool = typer.Option(False, help="cwm: also fine-tune the transition online on the "
                                              "measured candidates' replayed states (slower per round)."),
     transfer: bool = typer.Option(False, "--transfer/--no-transfer", help="Measure first, from each task's "
-                                  "budget, the best schedules of the most similar tasks the world model was "
-                                  "trained on, refitted to the task's loops (off by default: see docs/deployment.md)."),
+                                  "budget, the best schedules of the most similar tasks tuned before it in the run "
+                                  "or seen by the world model, refitted to the task's loops (off by default: see "
+                                  "docs/deployment.md)."),
 ):
     """Tune a workload, a network or a TVMScript kernel; writes a database and a report."""
     _quiet_tvm_logs()

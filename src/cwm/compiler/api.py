@@ -49,9 +49,9 @@ def compile(model, example_inputs=None, *, trials: int | None = None, cost_model
     them, with a warning). ``trials``: the measurement budget over the model's compute tasks, default
     ``DEFAULT_TRIALS_PER_TASK`` (32) per compute task; each layout task gets 8 more. ``cost_model``:
     ``cwm`` (the shipped world model for this host, or ``model_path``), ``xgb``, ``random``, ...
-    ``transfer``: each task first measures schedules transferred from the most similar tasks the
-    world model was trained on (``cwm.schedule.transfer``), from its own budget. Off by default: such a
-    seed can make MetaSchedule's evolutionary search fail a check (docs/deployment.md).
+    ``transfer``: each task first measures schedules transferred from the most similar tasks tuned
+    before it in the run or seen by the world model (``cwm.schedule.transfer``), from its own budget.
+    Off by default: on held-out electra it did not make the network faster (docs/deployment.md).
 
     The tuned model is cached (``$CWM_CACHE`` or ``~/.cache/cwm``; ``work_dir`` to choose the entry's
     directory), keyed by the graph's structural hash, the target and the budget: a second compile
