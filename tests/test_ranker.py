@@ -268,3 +268,39 @@ def test_geomean_skips_unusable_values():
     assert geomean([0.1]) == 0.1 and geomean([3.7, 3.7, None]) == 3.7  # exact, unlike exp(log(x))
     assert geomean([2.0, None, float("nan"), 0.0, -1.0, float("inf"), 8.0]) == pytest.approx(4.0)
     assert math.isnan(geomean([None, 0.0]))
+
+
+# --------------------------------------------------------------------------- online adaptation
+
+
+def test_task_adapter_learns_what_the_prior_misses_on_its_own_columns():
+    from cwm.model.ranker import TaskAdapter
+
+    # The prior learned speed from columns 0-2; in the new task column 4 decides it and column 5 is constant.
+    X, lat, groups = make_data(seed=1)
+    prior = LambdaRanker(RankerConfig(**SMALL)).fit(X, lat, groups)
+    rng = np.random.default_rng(2)
+    Xt = rng.normal(size=(96, 6)).astype(np.float32)
+    Xt[:, 5] = 3.0
+    lat_t = np.exp(1.5 * Xt[:, 4]) * np.exp(rng.normal(0, 0.05, 96))
+    train, test = slice(0, 48), slice(48, 96)
+    adapter = TaskAdapter(prior, columns=[3, 4, 5]).fit(Xt[train], lat_t[train])
+    assert set(adapter.columns_) == {3, 4}  # column 5 does not vary within the task
+    one = np.zeros(48)
+    before = pairwise_accuracy(prior.predict(Xt[test]), lat_t[test], one)
+    after = pairwise_accuracy(adapter.predict(Xt[test]), lat_t[test], one)
+    assert before < 0.65 and after > before + 0.08
+
+
+def test_task_adapter_without_anything_to_learn_keeps_the_prior_scores():
+    from cwm.model.ranker import TaskAdapter
+
+    X, lat, groups = make_data(seed=3)
+    prior = LambdaRanker(RankerConfig(**SMALL)).fit(X, lat, groups)
+    one_valid = TaskAdapter(prior, columns=[0, 1]).fit(X[:4], [1.0, np.nan, np.inf, -1.0])
+    constant = TaskAdapter(prior, columns=[0]).fit(np.repeat(X[:1], 8, axis=0), np.arange(1.0, 9.0))
+    for adapter in (one_valid, constant):
+        assert adapter.booster_ is None
+        assert np.array_equal(adapter.predict(X[:20]), prior.predict(X[:20]))
+    with pytest.raises(CwmError, match="num_boost_round"):
+        TaskAdapter(prior, columns=[0], num_boost_round=0)

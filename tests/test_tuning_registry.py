@@ -8,7 +8,7 @@ from cwm.tuning.registry import check_cost_model, cost_model_help, cost_model_na
 
 def test_every_cost_model_is_registered_once_and_named_in_the_help():
     names = cost_model_names()
-    assert names == ("cwm", "xgb", "xgb-pretrained", "random", "cwm-zscore")
+    assert names == ("cwm", "xgb", "xgb-pretrained", "random", "cwm-zscore", "cwm-boost-copy")
     assert all(f"{n}:" in cost_model_help() for n in names)
 
 

@@ -124,6 +124,26 @@ def test_cost_model_predict_update_save_load(tiny_model, multi_db, tmp_path):
     assert np.array_equal(after, cm2.predict(ctx, cands))
 
 
+def test_cost_model_adaptation_is_chosen_by_name(tiny_model, multi_db):
+    from cwm.errors import CwmError
+    from cwm.model.ranker import LambdaRanker, TaskAdapter
+    from cwm.model.world_model import WorldModel
+    from cwm.tuning.cost_model import WorldModelCostModel, runner_results
+    from cwm.tuning.registry import create_cost_model
+
+    tid, trajs, cands, ctx = _first_task_candidates(multi_db)
+    kinds = {"task-adapter": TaskAdapter, "boost-copy": LambdaRanker}
+    for adaptation, kind in kinds.items():
+        cm = WorldModelCostModel(WorldModel.load(tiny_model), min_update=4, adaptation=adaptation)
+        cm.update(ctx, cands, runner_results([t.latency for t in trajs]))
+        assert type(cm.adapted[tid]) is kind
+        assert cm.adapted[tid] is not cm.model.ranker
+    assert create_cost_model("cwm-boost-copy", tiny_model).inner.adaptation == "boost-copy"
+    assert create_cost_model("cwm", tiny_model).inner.adaptation == "task-adapter"
+    with pytest.raises(CwmError, match="unknown adaptation 'boost'"):
+        WorldModelCostModel(WorldModel.load(tiny_model), adaptation="boost")
+
+
 def test_cost_model_finetunes_the_transition_per_task(tiny_model, multi_db, tmp_path):
     from cwm.tuning.cost_model import WorldModelCostModel, runner_results
     from cwm.model.world_model import WorldModel

@@ -323,8 +323,9 @@ def bench_search(
     seeds: int = typer.Option(3, help="Seeds per contender (at least 3 for a report)."),
     contenders: str = typer.Option(",".join(("cwm", "xgb", "xgb-pretrained", "random")),
                                    help="Comma-separated; also cwm-initial (no-transition ablation), "
-                                   "cwm-finetune (transition fine-tuned online) and cwm-zscore (the per-call "
-                                   "score transform of earlier releases)."),
+                                   "cwm-finetune (transition fine-tuned online), cwm-zscore (the per-call "
+                                   "score transform of earlier releases) and cwm-boost-copy (their online "
+                                   "update)."),
     model: Optional[Path] = typer.Option(None, "--world-model", "--model", help=WORLD_MODEL_HELP),
     db: Path = typer.Option(Path(SHIPPED_TRAINING_DB), help="Training database (for xgb-pretrained and cwm-initial)."),
     split: Path = typer.Option(SHIPPED_TRAINING_SPLIT, help="Split (for xgb-pretrained and cwm-initial)."),
@@ -435,6 +436,27 @@ def bench_noise(
     _quiet_tvm_logs()
     summary = remeasure(resolve_db(db), out, n_records=records, min_per_task=min_per_task, seed=seed)
     typer.echo(json.dumps({k: v for k, v in summary.items() if k not in ("per_task", "pairs", "target")}))
+
+
+@bench_app.command("online-adaptation")
+def bench_online_adaptation(
+    roots: list[Path] = typer.Argument(..., help="Work roots of `cwm bench search` runs (or unpacked runs_*.tar.gz)."),
+    model: Optional[Path] = typer.Option(None, "--world-model", "--model", help=WORLD_MODEL_HELP),
+    rounds: int = typer.Option(20, help="Boosting rounds of each online update."),
+    out: Path = typer.Option(Path("benchmarks/results/online_adaptation")),
+):
+    """Online adaptation replayed on search runs: after K measured candidates, how well each update ranks the next 16."""
+    from .benchmarks.online import replay_online_adaptation
+
+    for root in roots:
+        if not root.is_dir():
+            _fail(f"no such directory: {root}")
+    summary = replay_online_adaptation(roots, out, model_path=model, rounds=rounds)
+    for e in summary["results"]:
+        p = e["pairwise"]
+        typer.echo(f"{e['proposer']:<6} K={e['k']:<3} {e['adapter']:<13} pairwise {p['mean']:.3f} "
+                   f"(vs boost-copy {p['vs_boost-copy']['mean']:+.3f})")
+    typer.echo(f"report: {out / 'online_adaptation.json'}, {out / 'online_adaptation.md'}, {out / 'online_adaptation.png'}")
 
 
 @bench_app.command("diagnose-search")

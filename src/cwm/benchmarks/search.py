@@ -29,15 +29,17 @@ from ..workloads.reference import HELD_OUT_SUBGRAPHS
 
 log = logging.getLogger(__name__)
 
-# The world model with the per-call score transform of earlier releases: a registered cost model, but
-# only an opt-in contender (``--contenders cwm,cwm-zscore,...``), on cwm's model and its training tasks.
+# The world model with the per-call score transform, or the online update, of earlier releases:
+# registered cost models, but only opt-in contenders (``--contenders cwm,cwm-zscore,...``), on cwm's
+# model and its training tasks.
 SCORE_AB = "cwm-zscore"
-CONTENDERS = tuple(c for c in cost_model_names() if c != SCORE_AB)  # every other registered cost model
+ADAPTATION_AB = "cwm-boost-copy"
+CONTENDERS = tuple(c for c in cost_model_names() if c not in (SCORE_AB, ADAPTATION_AB))  # every other one
 # World-model variants, opt-in with --contenders: the paper's search ablation without the transition
 # (``cwm-initial``: E(s0) + action features, the ranker refit on the same training records), and
 # the shipped model with the transition fine-tuned online on each task (``cwm-finetune``).
 VARIANTS = ("cwm-initial", "cwm-finetune")
-SHIPPED_MODEL_CONTENDERS = ("cwm", "cwm-finetune", SCORE_AB)  # run on model_path, trained on its tasks
+SHIPPED_MODEL_CONTENDERS = ("cwm", "cwm-finetune", SCORE_AB, ADAPTATION_AB)  # run on model_path, trained on its tasks
 # Trained once per work root and reused by later runs and by ``diagnose-search``.
 XGB_PRETRAINED_FILE = "xgb_pretrained.tar"
 INITIAL_MODEL_DIR = "cwm_initial_model"

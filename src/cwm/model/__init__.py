@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .encoder import EncoderConfig, StateEncoder
-from .ranker import LambdaRanker, RankerConfig
+from .ranker import LambdaRanker, RankerConfig, TaskAdapter
 from .training import TrainSettings, train
 from .transition import Transition, TransitionConfig
 from .world_model import WorldModel, WorldModelConfig
@@ -13,6 +13,7 @@ __all__ = [
     "LambdaRanker",
     "RankerConfig",
     "StateEncoder",
+    "TaskAdapter",
     "TrainSettings",
     "Transition",
     "TransitionConfig",

@@ -35,6 +35,7 @@ __all__ = [
     "rank_labels",
     "RankerConfig",
     "LambdaRanker",
+    "TaskAdapter",
 ]
 
 MODEL_FILE = "ranker.json"
@@ -483,3 +484,71 @@ class LambdaRanker:
         r.feature_names_ = list(names) if names is not None else None
         r.history_ = meta.get("history") or {}
         return r
+
+
+# --------------------------------------------------------------------------- online adaptation
+
+
+class TaskAdapter:
+    """A pretrained ranker corrected online for one task: a small LambdaRank booster that starts
+    from the pretrained score (as XGBoost's base margin) and splits only on ``columns`` that vary
+    among the task's measured candidates.
+
+    Continuing to boost a copy of the pretrained ranker on all its columns (``LambdaRanker.update``)
+    lets one task's few dozen rows split on columns that are constant within the task or on the
+    latent; replayed on held-out search runs the frozen prior is near chance on the search's own
+    proposals, and this correction ranks them better (benchmarks/results/online_adaptation).
+    Scores are the prior's plus the correction, so they stay on the prior's scale.
+    """
+
+    def __init__(self, prior: LambdaRanker, columns: Sequence[int], *, num_boost_round: int = 20,
+                 max_depth: int = 2, learning_rate: float = 0.3, min_child_weight: float = 0.1) -> None:
+        if num_boost_round < 1:
+            raise CwmError(f"num_boost_round must be >= 1, got {num_boost_round}")
+        self.prior = prior
+        self.columns = np.asarray(columns, dtype=np.int64)
+        self.num_boost_round = num_boost_round
+        self.max_depth = max_depth
+        self.learning_rate = learning_rate
+        self.min_child_weight = min_child_weight
+        self.booster_ = None
+        self.columns_: np.ndarray | None = None  # the columns the correction splits on
+
+    def fit(self, X: Any, latencies: Any) -> "TaskAdapter":
+        """Fit the correction on one task's measured rows; with fewer than two valid ones, or no
+        column that varies, there is nothing to correct and the scores stay the prior's."""
+        import xgboost as xgb
+
+        Xa = self.prior._check_X(X)
+        lat = as_latencies(latencies)
+        valid = ~np.isnan(lat)
+        self.booster_, self.columns_ = None, None
+        if valid.sum() < 2:
+            return self
+        Xv, lv = Xa[valid], lat[valid]
+        cols = self.columns[np.ptp(Xv[:, self.columns], axis=0) > 0] if len(self.columns) else self.columns
+        if len(cols) == 0:
+            return self
+        order = np.lexsort((_row_hash(Xv), lv))  # fastest first, as the prior was trained
+        grade = rank_labels if self.prior.config.labels == "rank" else relevance_labels
+        labels = grade(lv[order], np.zeros(len(lv)), self.prior.config.label_levels)
+        dm = xgb.DMatrix(Xv[order][:, cols], label=labels.astype(np.float32), nthread=1)
+        dm.set_group([len(lv)])
+        dm.set_base_margin(self.prior.predict(Xv[order]))
+        params = {"objective": "rank:pairwise", "max_depth": self.max_depth, "eta": self.learning_rate,
+                  "min_child_weight": self.min_child_weight, "seed": self.prior.config.seed, "nthread": 1,
+                  "verbosity": 0}
+        self.booster_ = xgb.train(params, dm, self.num_boost_round)
+        self.columns_ = cols
+        return self
+
+    def predict(self, X: Any) -> np.ndarray:
+        """The prior's scores plus the task's correction, HIGHER = predicted FASTER."""
+        import xgboost as xgb
+
+        base = self.prior.predict(X)
+        if self.booster_ is None or len(base) == 0:
+            return base
+        dm = xgb.DMatrix(self.prior._check_X(X)[:, self.columns_], nthread=1)
+        dm.set_base_margin(base)
+        return np.asarray(self.booster_.predict(dm), dtype=np.float32).reshape(-1)

@@ -45,6 +45,12 @@ def feature_names(latent_dim: int, latent: str, perf_score: bool = False) -> lis
             + [f"hw:{n}" for n in HARDWARE_FEATURE_NAMES])
 
 
+def candidate_columns(names: list[str]) -> list[int]:
+    """The columns that describe a candidate's schedule itself: F's score head and the action and
+    loop-nest features, not the latent or the machine (what a task's online correction splits on)."""
+    return [i for i, n in enumerate(names) if n == "perf" or n.startswith(("act:", "sched:"))]
+
+
 def layout_id(names: list[str]) -> str:
     return hashlib.sha1("\n".join(names).encode()).hexdigest()[:12]
 

@@ -57,6 +57,27 @@ class TimedCostModel(ms.cost_model.PyCostModel):
         return scores
 
 
+# How a task's ranker learns from its measured candidates: ``TaskAdapter``, or (the earlier update,
+# kept for the A/B) more trees boosted onto a copy of the pretrained ranker on all its columns.
+ADAPTATIONS = ("task-adapter", "boost-copy")
+
+
+def adapt_ranker(adaptation: str, model, X: np.ndarray, latencies: np.ndarray, rounds: int):
+    """The ranker of one task after an online update of ``model``'s ranker on the task's measured rows."""
+    import copy
+
+    from ..model.ranker import TaskAdapter
+    from ..model.world_model import candidate_columns
+
+    if adaptation == "task-adapter":
+        return TaskAdapter(model.ranker, candidate_columns(model.feature_names), num_boost_round=rounds).fit(
+            X, latencies)
+    if adaptation == "boost-copy":
+        ranker = copy.deepcopy(model.ranker)
+        return ranker.update(X, latencies, np.zeros(len(latencies)), num_boost_round=rounds)
+    raise CwmError(f"unknown adaptation {adaptation!r}; choose one of {', '.join(ADAPTATIONS)}")
+
+
 # The fixed score transform's temperature, in units of the spread (standard deviation) of the
 # task's first scored population. Chosen offline on held-out candidate populations: MetaSchedule's
 # parent sampling then spreads its weight about as predicted normalized throughput would (what its
@@ -134,11 +155,12 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
     """MetaSchedule cost model backed by the world model.
 
     predict: E(s0) once per task (cached), each candidate's trace as actions, batched rollout,
-    LambdaRank scores. update: keep the measured candidates of each task and continue boosting
-    a copy of the pretrained ranker on them. The encoder stays frozen; so does the transition,
-    unless ``finetune_transition``: then a copy of F per task is fine-tuned with the rollout loss
-    on the measured candidates' replayed and encoded intermediate states (at most
-    ``finetune_states`` per candidate), and the task's features are recomputed with it.
+    LambdaRank scores. update: keep the measured candidates of each task and fit the task's
+    correction of the pretrained ranker on them (``adaptation``: ``TaskAdapter`` by default).
+    The encoder stays frozen; so does the transition, unless ``finetune_transition``: then a copy
+    of F per task is fine-tuned with the rollout loss on the measured candidates' replayed and
+    encoded intermediate states (at most ``finetune_states`` per candidate), and the task's
+    features are recomputed with it.
 
     ``score_transform``: how raw ranker scores become MetaSchedule's scores in (0, 1]. ``sigmoid``
     (default): one fixed increasing function per task and ranker (``sigmoid_scores``), so the
@@ -149,12 +171,15 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
 
     def __init__(self, model, *, online: bool = True, update_rounds: int = 20, min_update: int = 8,
                  hardware: dict | None = None, seed: int = 0, finetune_transition: bool = False,
-                 finetune_epochs: int = 3, finetune_states: int = 4, score_transform: str = "sigmoid"):
+                 finetune_epochs: int = 3, finetune_states: int = 4, score_transform: str = "sigmoid",
+                 adaptation: str = "task-adapter"):
         super().__init__()
         if finetune_transition and (model.transition is None or model.config.latent != "rollout"):
             raise CwmError("finetune_transition needs a world model that rolls out its transition")
         if score_transform not in SCORE_TRANSFORMS:
             raise CwmError(f"unknown score transform {score_transform!r}; choose one of {', '.join(SCORE_TRANSFORMS)}")
+        if adaptation not in ADAPTATIONS:
+            raise CwmError(f"unknown adaptation {adaptation!r}; choose one of {', '.join(ADAPTATIONS)}")
         self.model = model
         self.online = online
         self.update_rounds = update_rounds
@@ -165,6 +190,7 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
         self.finetune_epochs = finetune_epochs
         self.finetune_states = finetune_states
         self.score_transform = score_transform
+        self.adaptation = adaptation
         # task key -> ((ranker, transition), center, spread) of its sigmoid transform, frozen at their first call
         self._score_scales: dict[str, tuple[tuple, float, float]] = {}
         self._initial: dict[int, str] = {}
@@ -302,17 +328,12 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
         self.measured[tid]["X"] = list(task_model.features(text, self.measured[tid]["actions"], hardware))
 
     def _adapt(self, tid: str) -> None:
-        """Continue boosting a copy of the pretrained ranker on the task's measured candidates."""
-        import copy
-
+        """Update the task's ranker on its measured candidates (``adapt_ranker``)."""
         store = self.measured[tid]
-        n = len(store["latency"])
-        if n < self.min_update:
+        if len(store["latency"]) < self.min_update:
             return
-        ranker = copy.deepcopy(self.model.ranker)
-        ranker.update(np.stack(store["X"]), np.asarray(store["latency"]), np.array([tid] * n),
-                      num_boost_round=self.update_rounds)
-        self.adapted[tid] = ranker
+        self.adapted[tid] = adapt_ranker(self.adaptation, self.task_models.get(tid, self.model),
+                                         np.stack(store["X"]), np.asarray(store["latency"]), self.update_rounds)
 
     def save(self, path: str) -> None:
         """The per-task online state: measured features and latencies, and with fine-tuning the

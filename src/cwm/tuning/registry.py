@@ -115,3 +115,10 @@ def _random(model_path, seed, finetune_transition):
 def _world_model_zscore(model_path, seed, finetune_transition):
     return world_model_cost_model(model_path, seed=seed, finetune_transition=finetune_transition,
                                   score_transform="zscore")
+
+
+@register_cost_model("cwm-boost-copy", "cwm with the online update of earlier releases (more trees on a copy of the "
+                     "pretrained ranker), for the A/B")
+def _world_model_boost_copy(model_path, seed, finetune_transition):
+    return world_model_cost_model(model_path, seed=seed, finetune_transition=finetune_transition,
+                                  adaptation="boost-copy")
