@@ -304,3 +304,23 @@ def test_task_adapter_without_anything_to_learn_keeps_the_prior_scores():
         assert np.array_equal(adapter.predict(X[:20]), prior.predict(X[:20]))
     with pytest.raises(CwmError, match="num_boost_round"):
         TaskAdapter(prior, columns=[0], num_boost_round=0)
+
+
+def test_pessimistic_ensemble_penalizes_disagreement_and_is_seeded():
+    from cwm.model.ranker import PessimisticEnsemble, TaskAdapter
+
+    X, lat, groups = make_data(seed=4)
+    prior = LambdaRanker(RankerConfig(**SMALL)).fit(X, lat, groups)
+    rng = np.random.default_rng(5)
+    Xt = rng.normal(size=(40, 6)).astype(np.float32)
+    lat_t = np.exp(Xt[:, 4]) * np.exp(rng.normal(0, 0.3, 40))
+    ens = PessimisticEnsemble.fit_bootstrap(prior, [3, 4], Xt, lat_t, size=4, kappa=0.5, seed=1)
+    members = np.stack([m.predict(Xt) for m in ens.members])
+    assert len(ens.members) == 4 and members.std(axis=0).max() > 0  # the resamples disagree somewhere
+    assert np.allclose(ens.predict(Xt), members.mean(axis=0) - 0.5 * members.std(axis=0), atol=1e-5)
+    again = PessimisticEnsemble.fit_bootstrap(prior, [3, 4], Xt, lat_t, size=4, kappa=0.5, seed=1)
+    assert np.array_equal(again.predict(Xt), ens.predict(Xt))
+    single = PessimisticEnsemble([TaskAdapter(prior, [3, 4]).fit(Xt, lat_t)], kappa=2.0)
+    assert np.allclose(single.predict(Xt), single.members[0].predict(Xt))  # one member: no spread, no penalty
+    with pytest.raises(CwmError, match="at least one member"):
+        PessimisticEnsemble([])

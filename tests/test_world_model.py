@@ -126,13 +126,13 @@ def test_cost_model_predict_update_save_load(tiny_model, multi_db, tmp_path):
 
 def test_cost_model_adaptation_is_chosen_by_name(tiny_model, multi_db):
     from cwm.errors import CwmError
-    from cwm.model.ranker import LambdaRanker, TaskAdapter
+    from cwm.model.ranker import LambdaRanker, PessimisticEnsemble, TaskAdapter
     from cwm.model.world_model import WorldModel
     from cwm.tuning.cost_model import WorldModelCostModel, runner_results
     from cwm.tuning.registry import create_cost_model
 
     tid, trajs, cands, ctx = _first_task_candidates(multi_db)
-    kinds = {"task-adapter": TaskAdapter, "boost-copy": LambdaRanker}
+    kinds = {"task-adapter": TaskAdapter, "task-ensemble": PessimisticEnsemble, "boost-copy": LambdaRanker}
     for adaptation, kind in kinds.items():
         cm = WorldModelCostModel(WorldModel.load(tiny_model), min_update=4, adaptation=adaptation)
         cm.update(ctx, cands, runner_results([t.latency for t in trajs]))

@@ -3,7 +3,8 @@
 Each run's measured candidates are taken in measurement order. After the first ``K`` of them, each
 adapter is fitted on those and ranks the next ``next_n``: the round the search would pick next. The
 frozen prior is the floor; ``boost-copy`` is the earlier update (continue boosting a copy of the
-pretrained ranker on all its columns); ``task-adapter`` is ``TaskAdapter``, what the cost model uses.
+pretrained ranker on all its columns); ``task-adapter`` is ``TaskAdapter``, what the cost model uses;
+``task-ensemble`` scores bootstrapped adapters pessimistically (``PessimisticEnsemble``).
 Only tasks outside the world model's training and validation tasks count. Intervals resample tasks.
 """
 
@@ -20,7 +21,7 @@ from ..io import atomic_write_text
 
 log = logging.getLogger(__name__)
 
-ADAPTERS = ("frozen", "boost-copy", "task-adapter")  # the frozen prior, then cost_model.ADAPTATIONS
+ADAPTERS = ("frozen", "boost-copy", "task-adapter", "task-ensemble")  # the frozen prior, then cost_model.ADAPTATIONS
 BASELINE = "boost-copy"
 PROPOSERS = ("cwm", "other")  # whose search proposed the candidates: cwm's own, or another cost model's
 
@@ -156,7 +157,8 @@ def plot_online(summary: dict, path: Path) -> None:
             es = [next(e for e in entries if e["k"] == k and e["adapter"] == adapter) for k in ks]
             mean = np.array([e["pairwise"]["mean"] for e in es])
             err = np.array([[m - e["pairwise"]["lo"], e["pairwise"]["hi"] - m] for m, e in zip(mean, es)]).T
-            ax.bar(np.arange(len(ks)) + (i - 1) * width, mean, width, yerr=err, capsize=3, label=adapter)
+            offset = (i - (len(ADAPTERS) - 1) / 2) * width
+            ax.bar(np.arange(len(ks)) + offset, mean, width, yerr=err, capsize=3, label=adapter)
         ax.axhline(0.5, color="gray", lw=0.8, ls="--")
         ax.set_xticks(np.arange(len(ks)), [f"K={k}" for k in ks])
         ax.set_ylabel("pairwise accuracy on the next candidates")

@@ -36,6 +36,7 @@ __all__ = [
     "RankerConfig",
     "LambdaRanker",
     "TaskAdapter",
+    "PessimisticEnsemble",
 ]
 
 MODEL_FILE = "ranker.json"
@@ -552,3 +553,34 @@ class TaskAdapter:
         dm = xgb.DMatrix(self.prior._check_X(X)[:, self.columns_], nthread=1)
         dm.set_base_margin(base)
         return np.asarray(self.booster_.predict(dm), dtype=np.float32).reshape(-1)
+
+
+class PessimisticEnsemble:
+    """Task adapters fitted on bootstrap resamples of one task's measured rows, scored pessimistically:
+    the members' mean minus ``kappa`` times their standard deviation.
+
+    The search drives its population toward candidates the model overrates; where the members
+    disagree, a candidate is far from what was measured, and the penalty keeps the search from
+    trusting the model there (the ensemble answer to model exploitation in model-based RL).
+    """
+
+    def __init__(self, members: Sequence[TaskAdapter], kappa: float = 1.0) -> None:
+        if not members:
+            raise CwmError("an ensemble needs at least one member")
+        self.members = list(members)
+        self.kappa = kappa
+
+    @classmethod
+    def fit_bootstrap(cls, prior: LambdaRanker, columns: Sequence[int], X: Any, latencies: Any, *,
+                      size: int = 5, kappa: float = 1.0, seed: int = 0, **adapter_args) -> "PessimisticEnsemble":
+        Xa, lat = np.asarray(X, dtype=np.float32), as_latencies(latencies)
+        rng = np.random.default_rng(seed)
+        members = []
+        for _ in range(size):
+            rows = rng.integers(0, len(lat), len(lat))
+            members.append(TaskAdapter(prior, columns, **adapter_args).fit(Xa[rows], lat[rows]))
+        return cls(members, kappa)
+
+    def predict(self, X: Any) -> np.ndarray:
+        scores = np.stack([m.predict(X) for m in self.members])
+        return (scores.mean(axis=0) - self.kappa * scores.std(axis=0)).astype(np.float32)

@@ -57,21 +57,25 @@ class TimedCostModel(ms.cost_model.PyCostModel):
         return scores
 
 
-# How a task's ranker learns from its measured candidates: ``TaskAdapter``, or (the earlier update,
+# How a task's ranker learns from its measured candidates: ``TaskAdapter``; ``task-ensemble``,
+# bootstrapped adapters scored pessimistically (``PessimisticEnsemble``); or (the earlier update,
 # kept for the A/B) more trees boosted onto a copy of the pretrained ranker on all its columns.
-ADAPTATIONS = ("task-adapter", "boost-copy")
+ADAPTATIONS = ("task-adapter", "task-ensemble", "boost-copy")
 
 
-def adapt_ranker(adaptation: str, model, X: np.ndarray, latencies: np.ndarray, rounds: int):
+def adapt_ranker(adaptation: str, model, X: np.ndarray, latencies: np.ndarray, rounds: int, seed: int = 0):
     """The ranker of one task after an online update of ``model``'s ranker on the task's measured rows."""
     import copy
 
-    from ..model.ranker import TaskAdapter
+    from ..model.ranker import PessimisticEnsemble, TaskAdapter
     from ..model.world_model import candidate_columns
 
+    columns = candidate_columns(model.feature_names)
     if adaptation == "task-adapter":
-        return TaskAdapter(model.ranker, candidate_columns(model.feature_names), num_boost_round=rounds).fit(
-            X, latencies)
+        return TaskAdapter(model.ranker, columns, num_boost_round=rounds).fit(X, latencies)
+    if adaptation == "task-ensemble":
+        return PessimisticEnsemble.fit_bootstrap(model.ranker, columns, X, latencies, seed=seed,
+                                                 num_boost_round=rounds)
     if adaptation == "boost-copy":
         ranker = copy.deepcopy(model.ranker)
         return ranker.update(X, latencies, np.zeros(len(latencies)), num_boost_round=rounds)
@@ -333,7 +337,8 @@ class WorldModelCostModel(ms.cost_model.PyCostModel):
         if len(store["latency"]) < self.min_update:
             return
         self.adapted[tid] = adapt_ranker(self.adaptation, self.task_models.get(tid, self.model),
-                                         np.stack(store["X"]), np.asarray(store["latency"]), self.update_rounds)
+                                         np.stack(store["X"]), np.asarray(store["latency"]), self.update_rounds,
+                                         seed=self.seed)
 
     def save(self, path: str) -> None:
         """The per-task online state: measured features and latencies, and with fine-tuning the
