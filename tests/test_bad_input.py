@@ -570,6 +570,8 @@ def test_tune_api_bad_input(f, tmp_path):
         (dict(tasks=task, trials=-1), "positive integer, got -1"),
         (dict(tasks=task, trials=2.5), "positive integer, got 2.5"),
         (dict(tasks=task, trials=4, num_trials_per_iter=0), "num_trials_per_iter"),
+        (dict(tasks=task, trials=4, population_size=0), "the population size must be a positive integer"),
+        (dict(tasks=task, trials=4, population_size=64, strategy="replay-trace"), "needs the evolutionary search"),
         (dict(tasks=task, trials=4, cost_model="nosuch"), "unknown cost model"),
         (dict(tasks=3, trials=4), "Task objects or workload names"),
         (dict(tasks="matmul:M=0", trials=4), "M must be >= 1"),

@@ -262,3 +262,22 @@ def test_the_score_transform_ab_contender_runs_on_cwms_model(tmp_path, monkeypat
     seen = resolve_task("dense_relu:M=128,N=512,K=256")  # in the default model's training split
     marks = training_marks([seen], ["cwm", "cwm-zscore"], model)
     assert marks == {seen.name: ["cwm", "cwm-zscore"]}
+
+
+def test_a_contender_can_name_its_evolutionary_population(tmp_path):
+    from cwm.benchmarks.search import run_search_benchmark, split_contender
+    from cwm.errors import CwmError
+
+    assert split_contender("cwm@128") == ("cwm", 128) and split_contender("xgb") == ("xgb", None)
+    for bad in ("cwm@", "cwm@0", "cwm@x"):
+        with pytest.raises(CwmError, match="positive integer"):
+            split_contender(bad)
+    with pytest.raises(CwmError, match="unknown contender 'xgboost@64'"):
+        run_search_benchmark(["matmul:M=32,N=32,K=32"], tmp_path / "bad", contenders=("xgboost@64",))
+    summary = run_search_benchmark(["matmul:M=32,N=32,K=32"], tmp_path / "out", budget=4, seeds=(0,),
+                                   contenders=("xgb", "xgb@64"), work_root=tmp_path / "runs",
+                                   num_trials_per_iter=4, remeasure_runs=3, progress=False)
+    runs = {r["contender"]: r for r in summary["runs"]}
+    assert runs["xgb@64"]["population_size"] == 64 and runs["xgb"]["population_size"] is None
+    assert runs["xgb@64"]["trials"] == 4
+    assert summary["per_subgraph"]["matmul:M=32,N=32,K=32"]["xgb@64"]["speedup_vs_xgb"] > 0

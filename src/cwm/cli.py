@@ -325,7 +325,8 @@ def bench_search(
                                    help="Comma-separated; also cwm-initial (no-transition ablation), "
                                    "cwm-finetune (transition fine-tuned online), cwm-zscore (the per-call "
                                    "score transform of earlier releases) and cwm-boost-copy (their online "
-                                   "update)."),
+                                   "update); NAME@P runs NAME with an evolutionary population of P "
+                                   "(MetaSchedule's default: 512), e.g. cwm@128."),
     model: Optional[Path] = typer.Option(None, "--world-model", "--model", help=WORLD_MODEL_HELP),
     db: Path = typer.Option(Path(SHIPPED_TRAINING_DB), help="Training database (for xgb-pretrained and cwm-initial)."),
     split: Path = typer.Option(SHIPPED_TRAINING_SPLIT, help="Split (for xgb-pretrained and cwm-initial)."),

@@ -49,6 +49,19 @@ TUNING_TIME_FILE = "search_tuning_time.json"  # wall and cost-model seconds summ
 DEFAULT_SUBGRAPHS = HELD_OUT_SUBGRAPHS
 
 
+POPULATION_MARK = "@"  # ``cwm@128``: a contender whose evolutionary search evolves 128 candidates, not 512
+
+
+def split_contender(contender: str) -> tuple[str, int | None]:
+    """``(cost model or variant, population size or None)`` of a contender such as ``cwm@128``."""
+    name, mark, population = contender.partition(POPULATION_MARK)
+    if not mark:
+        return name, None
+    if not population.isdigit() or int(population) < 1:
+        raise CwmError(f"contender {contender!r}: the population after {POPULATION_MARK!r} must be a positive integer")
+    return name, int(population)
+
+
 def _run_dir(root: Path, task, budget: int, contender: str, seed: int) -> Path:
     return root / task.id / f"b{budget}" / contender / f"seed{seed}"
 
@@ -58,13 +71,14 @@ def _load_or_tune(task, budget, contender, seed, root, model_path, xgb_path, ini
     done = run_dir / "run.json"
     if done.exists():
         return json.loads(done.read_text())
+    name, population = split_contender(contender)
     path = {**dict.fromkeys(SHIPPED_MODEL_CONTENDERS, model_path), "cwm-initial": initial_path,
-            "xgb-pretrained": xgb_path}.get(contender)
+            "xgb-pretrained": xgb_path}.get(name)
     start, result = time.time(), None
     try:
-        result = tune(task, trials=budget, work_dir=run_dir, cost_model="cwm" if contender in VARIANTS else contender,
+        result = tune(task, trials=budget, work_dir=run_dir, cost_model="cwm" if name in VARIANTS else name,
                       model_path=path, seed=seed, num_trials_per_iter=per_iter, progress=progress,
-                      finetune_transition=contender == "cwm-finetune")
+                      finetune_transition=name == "cwm-finetune", population_size=population)
     finally:  # a stopped run's time counts when it is resumed: its records stay in the database
         total = add_invocation_time(run_dir / TUNING_TIME_FILE, time.time() - start,
                                     result.cost_model_seconds if result else 0.0)
@@ -78,6 +92,7 @@ def _load_or_tune(task, budget, contender, seed, root, model_path, xgb_path, ini
         "invocations": total["invocations"],
         "trials": result.trials,
         "num_trials_per_iter": per_iter,
+        "population_size": population,
     }
     atomic_write_text(done, json.dumps(record) + "\n")
     return record
@@ -181,11 +196,12 @@ def run_search_benchmark(
     if len(seeds) < 1:
         raise CwmError("at least one seed is needed")
     known = cost_model_names() + VARIANTS
-    unknown = [c for c in contenders if c not in known]
+    bases = {split_contender(c)[0] for c in contenders}
+    unknown = [c for c in contenders if split_contender(c)[0] not in known]
     if unknown or not contenders:
-        raise CwmError(f"unknown contender {unknown[0]!r}; choose from {', '.join(known)}" if unknown
-                       else "no contenders given")
-    if any(c in SHIPPED_MODEL_CONTENDERS or c in VARIANTS for c in contenders):
+        raise CwmError(f"unknown contender {unknown[0]!r}; choose from {', '.join(known)} (NAME@POPULATION "
+                       "for another evolutionary population)" if unknown else "no contenders given")
+    if any(c in SHIPPED_MODEL_CONTENDERS or c in VARIANTS for c in bases):
         from ..model.world_model import WorldModel
 
         WorldModel.load(model_path)  # a missing or corrupt model fails now, not after the other runs
@@ -193,16 +209,16 @@ def run_search_benchmark(
     out_dir, root = ensure_directory(out_dir, "output directory"), Path(work_root)
     target = make_target()
     tasks = [resolve_task(name, target) for name in subgraphs]
-    marks = training_marks(tasks, contenders, model_path, split)
+    marks = training_marks(tasks, bases, model_path, split)
     for name, who in marks.items():
         log.warning("%s is in the training data of %s: its result is not a held-out one", name, ", ".join(who))
     xgb_path = None
-    if "xgb-pretrained" in contenders:
+    if "xgb-pretrained" in bases:
         if train_db is None or split is None:
             raise CwmError("xgb-pretrained needs the training database and split")
         xgb_path = pretrain_xgb_file(train_db, split, root / XGB_PRETRAINED_FILE, target)
     initial_path = None
-    if "cwm-initial" in contenders:
+    if "cwm-initial" in bases:
         if train_db is None or split is None:
             raise CwmError("cwm-initial needs the training database and split")
         initial_path = initial_state_model_dir(train_db, split, root / INITIAL_MODEL_DIR, model_path)

@@ -11,16 +11,19 @@ log = logging.getLogger(__name__)
 
 
 def tune_context(task, target, strategy: str, seed: int, num_threads: int | None = None,
-                 measured: set[str] | None = None, seeds: list | None = None):
+                 measured: set[str] | None = None, seeds: list | None = None, population_size: int | None = None):
     """A TuneContext; with ``measured`` (trace keys), the search skips candidates measured before, and
     ``seeds`` (schedules of the task without postprocessing, e.g. ``cwm.tuning.transfer``) are measured
-    first, before anything the search proposes."""
+    first, before anything the search proposes. ``population_size``: the evolutionary search's
+    (None: MetaSchedule's default, 512)."""
     import tvm.s_tir.meta_schedule as ms
 
     search = strategy
+    if population_size is not None:  # checked by the caller (tune)
+        search = ms.search_strategy.EvolutionarySearch(population_size=population_size)
     if measured is not None or seeds:
-        search = _dedup_search(ms.search_strategy.SearchStrategy.create(strategy),
-                               measured if measured is not None else set(), seeds or [])
+        inner = search if population_size is not None else ms.search_strategy.SearchStrategy.create(strategy)
+        search = _dedup_search(inner, measured if measured is not None else set(), seeds or [])
     return ms.TuneContext(
         mod=task.mod,
         target=target,

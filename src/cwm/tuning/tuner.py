@@ -141,6 +141,7 @@ def tune(
     finetune_transition: bool = False,
     min_trials_per_task: int = MIN_TRIALS_PER_TASK,
     transfer=False,
+    population_size: int | None = None,
 ) -> TuneResult:
     """Tune ``tasks`` (a Task, a workload name, or a list of them) for ``trials`` measurements in total.
 
@@ -154,6 +155,8 @@ def tune(
     up to ``TRANSFER_CANDIDATES`` from the task's budget (``cwm.schedule.transfer``); each tuned task's
     best schedule is lent, first, to the similar tasks tuned after it in the run.
 
+    ``population_size``: the evolutionary search's population (None: MetaSchedule's default, 512).
+
     Resumable: a run on a ``work_dir`` that already holds records measures only the rest of each task's
     budget, and never a candidate whose trace is already in the database. Failed candidates are
     recorded in the database (as MetaSchedule does) and with their error kind in ``failures.jsonl``.
@@ -166,6 +169,10 @@ def tune(
         raise CwmError("no tasks to tune")
     check_positive_int(trials, "the trial budget")
     check_positive_int(num_trials_per_iter, "num_trials_per_iter")
+    if population_size is not None:
+        check_positive_int(population_size, "the population size")
+        if strategy != "evolutionary":
+            raise CwmError(f"a population size needs the evolutionary search, not {strategy!r}")
     check_cost_model(cost_model)
     target = target or make_target()
     tasks = [resolve_task(t, target) if isinstance(t, str) else t for t in tasks]
@@ -214,7 +221,8 @@ def tune(
                         break
                     before = len(result.trial_latencies)
                     context = tune_context(task, target, strategy, seed + index[tid] + 7919 * round_,
-                                           measured=measured.setdefault(tid, set()), seeds=seeds)
+                                           measured=measured.setdefault(tid, set()), seeds=seeds,
+                                           population_size=population_size)
                     seeds = []  # measured in the first round
                     search_one_task(context, trials=left, per_iter=num_trials_per_iter, work_dir=work_dir,
                                     builder=builder, runner=runner, database=db, cost_model=model,
