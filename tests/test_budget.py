@@ -6,7 +6,13 @@ from dataclasses import dataclass
 import pytest
 
 from cwm.errors import CwmError
-from cwm.tuning.budget import MIN_TRIALS_PER_TASK, estimated_seconds, plan_trials
+from cwm.tuning.budget import (
+    MIN_TRIALS_PER_TASK,
+    SEARCH_SECONDS_PER_TASK,
+    SECONDS_PER_TRIAL,
+    estimated_seconds,
+    plan_trials,
+)
 
 
 @dataclass
@@ -56,12 +62,20 @@ def test_a_budget_below_the_floor_is_spread_heaviest_first_and_says_what_would_c
 def test_the_expected_time_counts_only_what_is_not_yet_measured():
     tasks = [FakeTask("a", 1e9), FakeTask("b", 1e8)]
     plan = plan_trials(tasks, 600)
-    assert "about 10 min" in plan.describe(tasks)
+    assert f"about {(600 * SECONDS_PER_TRIAL + 2 * SEARCH_SECONDS_PER_TASK) / 60:.0f} min" in plan.describe(tasks)
     done = {"a": plan.trials["a"], "b": 1}
     assert plan.remaining(done) == {"a": 0, "b": plan.trials["b"] - 1}
     text = plan.describe(tasks, done)
     assert f"{plan.trials['a'] + 1} already measured" in text
-    assert f"about {(plan.trials['b'] - 1) / 60:.0f} min" in text
+    # only b is left to search
+    assert f"about {((plan.trials['b'] - 1) * SECONDS_PER_TRIAL + SEARCH_SECONDS_PER_TASK) / 60:.0f} min" in text
+
+
+def test_the_expected_time_counts_each_task_search():
+    # 50 tasks at 8 trials: the searches take longer than the trials (mobilenet_v3_small on Zen 3).
+    tasks = [FakeTask(f"t{i}", 1e8) for i in range(50)]
+    text = plan_trials(tasks, 400).describe(tasks)
+    assert f"about {(400 + 50 * 15) / 60:.0f} min" in text and "15 s of search a task" in text
 
 
 @pytest.mark.parametrize("budget", [0, -1, 2.5, True])

@@ -16,8 +16,11 @@ from ..errors import CwmError, check_positive_int
 
 # Trials every task gets before the rest of the budget is shared by estimated time.
 MIN_TRIALS_PER_TASK = 4
-# For the expected tuning time: about 1 s a trial (build, run, search) on a 2-core machine.
+# For the expected tuning time on a 2-core machine: about 1 s a trial (build, run), and about 15 s a
+# task for MetaSchedule's search itself (sampling and evolving its population of 512, whatever the
+# task's budget): on Zen 3, mobilenet_v3_small's 22 heaviest tasks took 661 s for 253 trials.
 SECONDS_PER_TRIAL = 1.0
+SEARCH_SECONDS_PER_TASK = 15.0
 # A tuned kernel's rough throughput on the 2-core machines measured so far (large convolutions and
 # matmuls reach 100-215 GFLOP/s, the memory-bound ones stream about 20 GB/s): the roofline of
 # ``estimated_seconds``, which only needs the tasks' relative times to be right.
@@ -55,12 +58,14 @@ class TrialPlan:
         """What the user reads before tuning: tasks, trials per task, expected time (of the trials
         not yet in the database, ``done``), and what a budget too small for every task leaves out."""
         counts = sorted(self.trials.values())
-        left = sum(self.remaining(done or {}).values())
-        minutes = left * SECONDS_PER_TRIAL / 60
+        remaining = self.remaining(done or {})
+        left = sum(remaining.values())
+        searches = sum(n > 0 for n in remaining.values())
+        minutes = (left * SECONDS_PER_TRIAL + searches * SEARCH_SECONDS_PER_TASK) / 60
         resumed = f"{self.budget - left} already measured, " if left < self.budget else ""
         text = (f"{len(counts)} task(s) share {self.budget} trials: {counts[0]} to {counts[-1]} per task "
                 f"(median {counts[len(counts) // 2]}), heaviest first; {resumed}expected tuning time about "
-                f"{minutes:.0f} min at {SECONDS_PER_TRIAL:g} s a trial")
+                f"{minutes:.0f} min ({SECONDS_PER_TRIAL:g} s a trial, {SEARCH_SECONDS_PER_TASK:g} s of search a task)")
         if self.budget < self.budget_for_every_task:
             text += (f"\nthe budget of {self.budget} trials is below {self.floor} for each of {len(counts)} tasks; "
                      f"{self.budget_for_every_task} trials would give every task {self.floor}")
