@@ -104,13 +104,13 @@ def test_markdown_reports_sample_efficiency():
 
     entry = {"cwm": {"geomean_seconds": 1e-3, "speedup_vs_xgb": 1.2, "cost_model_seconds_per_trial": 0.01},
              "xgb": {"geomean_seconds": 1.2e-3, "speedup_vs_xgb": 1.0, "cost_model_seconds_per_trial": 0.01}}
-    per = {"a": {**entry, "sample_efficiency": {"xgb_large": 1e-3, "cwm_tenth": 0.9e-3, "ratio": 0.9}},
-           "b": {**entry, "sample_efficiency": {"xgb_large": 1e-3, "cwm_tenth": 1.6e-3, "ratio": 1.6}}}
-    text = _markdown({"budget": 32, "large_budget": 320, "latency_source": "remeasured_seconds",
-                      "per_subgraph": per, "overall": {}})
-    assert "cwm at 32 trials against xgb at 320" in text
+    per = {"a": {**entry, "sample_efficiency": {"large": 1e-3, "cwm_tenth": 0.9e-3, "ratio": 0.9}},
+           "b": {**entry, "sample_efficiency": {"large": 1e-3, "cwm_tenth": 1.6e-3, "ratio": 1.6}}}
+    text = _markdown({"budget": 32, "large_budget": 320, "large_contender": "xgb-pretrained",
+                      "latency_source": "remeasured_seconds", "per_subgraph": per, "overall": {}})
+    assert "cwm at 32 trials against xgb-pretrained at 320" in text
     assert "| a | 1.0000 | 0.9000 | 0.900 |" in text
-    assert "geometric mean of cwm / xgb latency: 1.200" in text  # sqrt(0.9 * 1.6)
+    assert "geometric mean of cwm / xgb-pretrained latency: 1.200" in text  # sqrt(0.9 * 1.6)
     plain = _markdown({"budget": 32, "large_budget": None, "latency_source": "db_best_seconds",
                        "per_subgraph": {"a": entry}, "overall": {}})
     assert "Sample efficiency" not in plain
@@ -126,19 +126,30 @@ def test_sample_efficiency_summary_and_plot(tmp_path):
                 "db_best_seconds": min(curve), "remeasured_seconds": remeasured, "wall_seconds": 1.0,
                 "cost_model_seconds": 0.1, "trials": budget}
 
-    runs = [run("cwm", 2, 0, [3.0, 2.0], 2.2), run("xgb", 2, 0, [4.0, 4.0], 4.0),
-            run("xgb", 20, 0, [5.0] * 9 + [2.0] * 11, 2.0),
-            run("cwm", 2, 1, [2.5, 2.0], 2.0), run("xgb", 2, 1, [4.0, 3.0], 3.0),
-            run("xgb", 20, 1, [5.0] * 20, 5.0)]
-    summary = _summarize([SimpleNamespace(name="a")], runs, ["cwm", "xgb"], 2, 20, 30)
+    pre = "xgb-pretrained"
+    runs = [run("cwm", 2, 0, [3.0, 2.0], 2.2), run("xgb", 2, 0, [4.0, 4.0], 4.0), run(pre, 2, 0, [3.0, 3.0], 3.0),
+            run(pre, 20, 0, [5.0] * 9 + [2.0] * 11, 2.0), run("xgb", 20, 0, [1.0] * 20, 1.0),
+            run("cwm", 2, 1, [2.5, 2.0], 2.0), run("xgb", 2, 1, [4.0, 3.0], 3.0), run(pre, 2, 1, [2.0, 2.0], 2.0),
+            run(pre, 20, 1, [5.0] * 20, 5.0)]
+    summary = _summarize([SimpleNamespace(name="a")], runs, ["cwm", "xgb", pre], 2, 20, 30)
     eff = summary["per_subgraph"]["a"]["sample_efficiency"]
-    assert eff["cwm_tenth_per_seed"] == [2.2, 2.0] and eff["xgb_large_per_seed"] == [2.0, 5.0]
+    # The baseline is the pretrained XGBoost at the large budget; cold xgb's large run is not it.
+    assert summary["large_contender"] == pre and eff["large_contender"] == pre
+    assert eff["cwm_tenth_per_seed"] == [2.2, 2.0] and eff["large_per_seed"] == [2.0, 5.0]
     assert eff["ratio"] == pytest.approx((2.2 * 2.0) ** 0.5 / (2.0 * 5.0) ** 0.5)
-    # cwm's median database best is 2.0: the first xgb run reaches it at trial 10, the second never.
-    assert eff["xgb_trials_to_reach_cwm_tenth"] == [10, None]
+    # cwm's median database best is 2.0: the first large run reaches it at trial 10, the second never.
+    assert eff["large_trials_to_reach_cwm_tenth"] == [10, None]
+    # Each contender's speed-up over xgb-pretrained at the fixed budget, per subgraph and overall.
+    against = (3.0 * 2.0) ** 0.5 / (2.2 * 2.0) ** 0.5
+    assert summary["per_subgraph"]["a"]["cwm"]["speedup_vs_xgb_pretrained"] == pytest.approx(against)
+    assert summary["overall"]["cwm"]["vs_xgb_pretrained"]["geomean"] == pytest.approx(against)
     text = _markdown(summary)
     assert "| a | 3162.2777 (2000.0000 / 5000.0000) | 2097.6177 (2200.0000 / 2000.0000) |" in text
     assert "- a: 10 / >20" in text
+    assert f"- cwm: {against:.3f}x" in text and "- xgb-pretrained: 1.000x" not in text
+    cold = _summarize([SimpleNamespace(name="a")], runs, ["cwm", "xgb"], 2, 20, 30, large_contender="xgb")
+    assert cold["per_subgraph"]["a"]["sample_efficiency"]["large_per_seed"] == [1.0]
+    assert "vs_xgb_pretrained" not in cold["overall"]["cwm"]
     _plot(summary, tmp_path / "search.png")
     assert (tmp_path / "search.png").stat().st_size > 0
 
@@ -146,8 +157,8 @@ def test_sample_efficiency_summary_and_plot(tmp_path):
 def test_run_plan_runs_a_shared_budget_once():
     from cwm.benchmarks.search import run_plan
 
-    assert run_plan(32, ["cwm", "xgb"], 320) == [(32, "cwm"), (32, "xgb"), (320, "xgb")]
-    assert run_plan(64, ["cwm", "xgb"], 1000) == [(64, "cwm"), (64, "xgb"), (1000, "xgb"), (100, "cwm")]
+    assert run_plan(32, ["cwm", "xgb"], 320, "xgb") == [(32, "cwm"), (32, "xgb"), (320, "xgb")]
+    assert run_plan(64, ["cwm", "xgb"], 1000) == [(64, "cwm"), (64, "xgb"), (1000, "xgb-pretrained"), (100, "cwm")]
     assert run_plan(64, ["random"]) == [(64, "random")]
 
 

@@ -324,3 +324,22 @@ def test_pessimistic_ensemble_penalizes_disagreement_and_is_seeded():
     assert np.allclose(single.predict(Xt), single.members[0].predict(Xt))  # one member: no spread, no penalty
     with pytest.raises(CwmError, match="at least one member"):
         PessimisticEnsemble([])
+
+
+def test_pessimistic_ensemble_scores_with_the_prior_once(monkeypatch):
+    from cwm.model.ranker import PessimisticEnsemble, TaskAdapter
+
+    X, lat, groups = make_data(seed=6)
+    prior = LambdaRanker(RankerConfig(**SMALL)).fit(X, lat, groups)
+    Xt, lat_t = X[:40], lat[:40]
+    adapter = TaskAdapter(prior, [3, 4]).fit(Xt, lat_t)
+    # Scores handed in are the ones the adapter would compute itself; a wrong count is a clear error.
+    assert np.array_equal(adapter.predict(Xt, prior.predict(Xt)), adapter.predict(Xt))
+    with pytest.raises(CwmError, match="prior_scores has 3 scores for 40 rows"):
+        adapter.predict(Xt, np.zeros(3))
+    calls = []
+    real = LambdaRanker.predict
+    monkeypatch.setattr(LambdaRanker, "predict", lambda self, X: calls.append(len(X)) or real(self, X))
+    ens = PessimisticEnsemble.fit_bootstrap(prior, [3, 4], Xt, lat_t, size=5, seed=2)
+    ens.predict(Xt)
+    assert calls == [40, 40]  # once to fit all five members, once to score

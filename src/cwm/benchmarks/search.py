@@ -42,12 +42,17 @@ VARIANTS = ("cwm-initial", "cwm-finetune")
 SHIPPED_MODEL_CONTENDERS = ("cwm", "cwm-finetune", SCORE_AB, ADAPTATION_AB)  # run on model_path, trained on its tasks
 # Trained once per work root and reused by later runs and by ``diagnose-search``.
 XGB_PRETRAINED_FILE = "xgb_pretrained.tar"
+# The like-for-like baseline of a pretrained world model: each subgraph's speed-up over it is reported too.
+PRETRAINED_BASELINE = "xgb-pretrained"
+PRETRAINED_KEY = "speedup_vs_xgb_pretrained"
+# Sample efficiency: cwm at a tenth of the large budget against this contender at all of it (cold
+# xgb can be named instead).
+SAMPLE_EFFICIENCY_BASELINE = PRETRAINED_BASELINE
 INITIAL_MODEL_DIR = "cwm_initial_model"
 TUNING_TIME_FILE = "search_tuning_time.json"  # wall and cost-model seconds summed over resumed invocations
 
 # The held-out set (cwm.workloads.reference.HELD_OUT_SUBGRAPHS): in no committed training split.
 DEFAULT_SUBGRAPHS = HELD_OUT_SUBGRAPHS
-
 
 POPULATION_MARK = "@"  # ``cwm@128``: a contender whose evolutionary search evolves 128 candidates, not 512
 
@@ -181,6 +186,7 @@ def run_search_benchmark(
     *,
     budget: int = 64,
     large_budget: int | None = None,
+    large_contender: str = SAMPLE_EFFICIENCY_BASELINE,
     seeds=(0, 1, 2),
     contenders=CONTENDERS,
     model_path=None,
@@ -196,7 +202,9 @@ def run_search_benchmark(
     if len(seeds) < 1:
         raise CwmError("at least one seed is needed")
     known = cost_model_names() + VARIANTS
-    bases = {split_contender(c)[0] for c in contenders}
+    if large_budget and large_contender not in known:
+        raise CwmError(f"unknown large-budget contender {large_contender!r}; choose from {', '.join(known)}")
+    bases = {split_contender(c)[0] for c in contenders} | ({large_contender} if large_budget else set())
     unknown = [c for c in contenders if split_contender(c)[0] not in known]
     if unknown or not contenders:
         raise CwmError(f"unknown contender {unknown[0]!r}; choose from {', '.join(known)} (NAME@POPULATION "
@@ -223,35 +231,37 @@ def run_search_benchmark(
             raise CwmError("cwm-initial needs the training database and split")
         initial_path = initial_state_model_dir(train_db, split, root / INITIAL_MODEL_DIR, model_path)
     runs = []
-    plan = run_plan(budget, contenders, large_budget)
+    plan = run_plan(budget, contenders, large_budget, large_contender)
     for task in tasks:
         for seed in seeds:
             for b, contender in plan:  # interleaved: every contender once per (subgraph, seed)
                 runs.append(_load_or_tune(task, b, contender, seed, root, model_path, xgb_path, initial_path,
                                           num_trials_per_iter, progress))
-                _write(out_dir, _summarize(tasks, runs, contenders, budget, large_budget, None, num_trials_per_iter)
-                       | {"in_training": marks})
+                _write(out_dir, _summarize(tasks, runs, contenders, budget, large_budget, None, num_trials_per_iter,
+                                           large_contender) | {"in_training": marks})
     latencies = remeasure_interleaved([(resolve_task(r["task"], target), r["best_trace"]) for r in runs], target,
                                       remeasure_runs)
     for r, lat in zip(runs, latencies):
         r["remeasured_seconds"] = lat
-    summary = _summarize(tasks, runs, contenders, budget, large_budget, remeasure_runs, num_trials_per_iter)
+    summary = _summarize(tasks, runs, contenders, budget, large_budget, remeasure_runs, num_trials_per_iter,
+                         large_contender)
     summary["in_training"] = marks
     _write(out_dir, summary)
     return summary
 
 
 def tenth_budget(large_budget: int) -> int:
-    """cwm's budget in the sample-efficiency comparison: a tenth of xgb's, at least one trial."""
+    """cwm's budget in the sample-efficiency comparison: a tenth of the baseline's, at least one trial."""
     return max(1, large_budget // 10)
 
 
-def run_plan(budget: int, contenders, large_budget: int | None = None) -> list[tuple[int, str]]:
+def run_plan(budget: int, contenders, large_budget: int | None = None,
+             large_contender: str = SAMPLE_EFFICIENCY_BASELINE) -> list[tuple[int, str]]:
     """(budget, contender) of each run per subgraph and seed; a run two purposes share is done once
     (e.g. cwm at the fixed budget and at a tenth of the large one)."""
     plan = [(budget, c) for c in contenders]
     if large_budget:
-        plan += [(large_budget, "xgb"), (tenth_budget(large_budget), "cwm")]
+        plan += [(large_budget, large_contender), (tenth_budget(large_budget), "cwm")]
     return list(dict.fromkeys(plan))
 
 
@@ -262,26 +272,27 @@ def _trials_to_reach(curve, goal) -> int | None:
     return None
 
 
-def _sample_efficiency(rows, key, large_budget) -> dict:
-    """cwm at a tenth of the large budget against xgb at all of it, on one subgraph. Also: how many
-    trials each xgb run needed to reach cwm's best (database timings, as the curves are)."""
-    big = [r for r in rows if r["contender"] == "xgb" and r["budget"] == large_budget]
+def _sample_efficiency(rows, key, large_budget, large_contender=SAMPLE_EFFICIENCY_BASELINE) -> dict:
+    """cwm at a tenth of the large budget against ``large_contender`` at all of it, on one subgraph.
+    Also: how many trials each large run needed to reach cwm's best (database timings, as the curves are)."""
+    big = [r for r in rows if r["contender"] == large_contender and r["budget"] == large_budget]
     small = [r for r in rows if r["contender"] == "cwm" and r["budget"] == tenth_budget(large_budget)]
     big_lat, small_lat = [r.get(key) for r in big], [r.get(key) for r in small]
-    entry = {"xgb_large": geomean(big_lat), "cwm_tenth": geomean(small_lat),
+    entry = {"large_contender": large_contender, "large": geomean(big_lat), "cwm_tenth": geomean(small_lat),
              "ratio": geomean(small_lat) / geomean(big_lat) if big and small else None,
-             "xgb_large_per_seed": big_lat, "cwm_tenth_per_seed": small_lat}
+             "large_per_seed": big_lat, "cwm_tenth_per_seed": small_lat}
     small_db = [r["db_best_seconds"] for r in small if r["db_best_seconds"]]
     if big and small_db:
         goal = float(np.median(small_db))
-        entry["xgb_trials_to_reach_cwm_tenth"] = [_trials_to_reach(r["curve"], goal) for r in big]
+        entry["large_trials_to_reach_cwm_tenth"] = [_trials_to_reach(r["curve"], goal) for r in big]
         entry["cwm_tenth_db_median"] = goal
-        entry["xgb_large_curves"] = [r["curve"] for r in big]
+        entry["large_curves"] = [r["curve"] for r in big]
         entry["cwm_tenth_curves"] = [r["curve"] for r in small]
     return entry
 
 
-def _summarize(tasks, runs, contenders, budget, large_budget, remeasure_runs, num_trials_per_iter=None) -> dict:
+def _summarize(tasks, runs, contenders, budget, large_budget, remeasure_runs, num_trials_per_iter=None,
+               large_contender=SAMPLE_EFFICIENCY_BASELINE) -> dict:
     key = "remeasured_seconds" if remeasure_runs else "db_best_seconds"
     per_task = {}
     for task in tasks:
@@ -308,8 +319,11 @@ def _summarize(tasks, runs, contenders, budget, large_budget, remeasure_runs, nu
             for c, e in entry.items():
                 e["speedup_vs_xgb"] = entry["xgb"]["geomean_seconds"] / e["geomean_seconds"]
                 e["trials_to_reach_xgb"] = [_trials_to_reach(curve, goal) for curve in e["curves"]]
+        if PRETRAINED_BASELINE in entry:
+            for e in entry.values():
+                e[PRETRAINED_KEY] = entry[PRETRAINED_BASELINE]["geomean_seconds"] / e["geomean_seconds"]
         if large_budget:
-            entry["sample_efficiency"] = _sample_efficiency(rows, key, large_budget)
+            entry["sample_efficiency"] = _sample_efficiency(rows, key, large_budget, large_contender)
         per_task[task.name] = entry
     overall = {}
     for c in contenders:
@@ -323,7 +337,14 @@ def _summarize(tasks, runs, contenders, budget, large_budget, remeasure_runs, nu
                               [e[c]["cost_model_seconds_per_trial"] for e in per_task.values() if c in e])),
                           "wall_seconds_per_trial": float(np.mean(
                               [e[c]["wall_seconds_per_trial"] for e in per_task.values() if c in e]))}
+        against = [e[c][PRETRAINED_KEY] for e in per_task.values() if c in e and PRETRAINED_KEY in e[c]]
+        if against and c in overall:
+            logs = np.log(against)
+            overall[c]["vs_xgb_pretrained"] = {"geomean": float(np.exp(logs.mean())),
+                                               "spread_log_std": float(logs.std()),
+                                               "min": float(min(against)), "max": float(max(against))}
     return {"budget": budget, "large_budget": large_budget, "remeasure_runs": remeasure_runs,
+            "large_contender": large_contender if large_budget else None,
             "num_trials_per_iter": num_trials_per_iter,
             "latency_source": key, "per_subgraph": per_task, "overall": overall,
             "runs": [{k: v for k, v in r.items() if k not in ("best_trace", "curve")} for r in runs]}
@@ -361,20 +382,30 @@ def _markdown(summary: dict) -> str:
                      f"cost model {o['cost_model_seconds_per_trial'] * 1e3:.1f} ms/trial"
                      + (f", tuning wall time {o['wall_seconds_per_trial']:.2f} s/trial" if "wall_seconds_per_trial" in o
                         else ""))
+    against = {c: o["vs_xgb_pretrained"] for c, o in summary["overall"].items()
+               if "vs_xgb_pretrained" in o and c != PRETRAINED_BASELINE}
+    if against:
+        lines += ["", f"Against `{PRETRAINED_BASELINE}` (MetaSchedule's XGBoost pretrained on the same records), "
+                  "geometric mean over subgraphs of each subgraph's speed-up:", ""]
+        for c, v in against.items():
+            lines.append(f"- {c}: {v['geomean']:.3f}x (min {v['min']:.2f}, max {v['max']:.2f}, "
+                         f"log-std {v['spread_log_std']:.2f})")
     efficiency = {n: e["sample_efficiency"] for n, e in per.items() if (e.get("sample_efficiency") or {}).get("ratio")}
     if efficiency:
         big, small = summary["large_budget"], tenth_budget(summary["large_budget"])
-        lines += ["", f"## Sample efficiency: cwm at {small} trials against xgb at {big}", "",
-                  f"| subgraph | xgb, {big} trials, ms | cwm, {small} trials, ms | cwm / xgb latency |", "|---|---|---|---|"]
+        base = summary.get("large_contender") or SAMPLE_EFFICIENCY_BASELINE
+        lines += ["", f"## Sample efficiency: cwm at {small} trials against {base} at {big}", "",
+                  f"| subgraph | {base}, {big} trials, ms | cwm, {small} trials, ms | cwm / {base} latency |",
+                  "|---|---|---|---|"]
         for name, e in efficiency.items():
-            lines.append(f"| {name} | {_ms_per_seed(e['xgb_large'], e.get('xgb_large_per_seed'))} "
+            lines.append(f"| {name} | {_ms_per_seed(e['large'], e.get('large_per_seed'))} "
                          f"| {_ms_per_seed(e['cwm_tenth'], e.get('cwm_tenth_per_seed'))} | {e['ratio']:.3f} |")
         ratio = geomean([e["ratio"] for e in efficiency.values()])
-        lines += ["", f"- geometric mean of cwm / xgb latency: {ratio:.3f} (goal: at most 1.022)"]
-        reach = {n: e["xgb_trials_to_reach_cwm_tenth"] for n, e in efficiency.items()
-                 if "xgb_trials_to_reach_cwm_tenth" in e}
+        lines += ["", f"- geometric mean of cwm / {base} latency: {ratio:.3f} (goal: at most 1.022)"]
+        reach = {n: e["large_trials_to_reach_cwm_tenth"] for n, e in efficiency.items()
+                 if "large_trials_to_reach_cwm_tenth" in e}
         if reach:
-            lines += ["", f"Trials each `xgb` run needed to reach the median database best of cwm's {small}-trial "
+            lines += ["", f"Trials each `{base}` run needed to reach the median database best of cwm's {small}-trial "
                       f"runs (`>{big}`: never):", ""]
             for name, trials in reach.items():
                 lines.append(f"- {name}: " + " / ".join(str(t) if t else f">{big}" for t in trials))
@@ -398,7 +429,7 @@ def _plot(summary: dict, path: Path) -> None:
     per = summary["per_subgraph"]
     names = list(per)
     contenders = sorted({c for e in per.values() for c in e if c != "sample_efficiency"})
-    efficiency = [e["sample_efficiency"] for e in per.values() if "xgb_large_curves" in e.get("sample_efficiency", {})]
+    efficiency = [e["sample_efficiency"] for e in per.values() if "large_curves" in e.get("sample_efficiency", {})]
     fig, axes = plt.subplots(1, 3 if efficiency else 2, figsize=(22 if efficiency else 15, 5))
     width = 0.8 / max(1, len(contenders))
     for i, c in enumerate(contenders):
@@ -429,16 +460,17 @@ def _plot(summary: dict, path: Path) -> None:
     if axes[1].lines:
         axes[1].legend(fontsize=8)
     if efficiency:
-        _plot_sample_efficiency(axes[2], efficiency, summary["large_budget"])
+        _plot_sample_efficiency(axes[2], efficiency, summary["large_budget"],
+                                summary.get("large_contender") or SAMPLE_EFFICIENCY_BASELINE)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
 
 
-def _plot_sample_efficiency(ax, efficiency: list[dict], large_budget: int) -> None:
-    """Best-so-far of xgb's large-budget runs and cwm's tenth-budget runs, each normalized by the
-    subgraph's median cwm best (database timings), geometric mean over subgraphs and seeds."""
-    for label, curves_key in ((f"xgb, {large_budget} trials", "xgb_large_curves"),
+def _plot_sample_efficiency(ax, efficiency: list[dict], large_budget: int, large_contender: str) -> None:
+    """Best-so-far of the baseline's large-budget runs and cwm's tenth-budget runs, each normalized by
+    the subgraph's median cwm best (database timings), geometric mean over subgraphs and seeds."""
+    for label, curves_key in ((f"{large_contender}, {large_budget} trials", "large_curves"),
                               (f"cwm, {tenth_budget(large_budget)} trials", "cwm_tenth_curves")):
         norm = [[v / e["cwm_tenth_db_median"] if v else np.nan for v in curve]
                 for e in efficiency for curve in e[curves_key]]

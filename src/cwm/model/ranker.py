@@ -515,9 +515,10 @@ class TaskAdapter:
         self.booster_ = None
         self.columns_: np.ndarray | None = None  # the columns the correction splits on
 
-    def fit(self, X: Any, latencies: Any) -> "TaskAdapter":
+    def fit(self, X: Any, latencies: Any, prior_scores: Any = None) -> "TaskAdapter":
         """Fit the correction on one task's measured rows; with fewer than two valid ones, or no
-        column that varies, there is nothing to correct and the scores stay the prior's."""
+        column that varies, there is nothing to correct and the scores stay the prior's.
+        ``prior_scores``: the prior's scores of ``X`` when the caller already has them."""
         import xgboost as xgb
 
         Xa = self.prior._check_X(X)
@@ -526,7 +527,8 @@ class TaskAdapter:
         self.booster_, self.columns_ = None, None
         if valid.sum() < 2:
             return self
-        Xv, lv = Xa[valid], lat[valid]
+        base = self._prior_scores(Xa, prior_scores)
+        Xv, lv, bv = Xa[valid], lat[valid], base[valid]
         cols = self.columns[np.ptp(Xv[:, self.columns], axis=0) > 0] if len(self.columns) else self.columns
         if len(cols) == 0:
             return self
@@ -535,7 +537,7 @@ class TaskAdapter:
         labels = grade(lv[order], np.zeros(len(lv)), self.prior.config.label_levels)
         dm = xgb.DMatrix(Xv[order][:, cols], label=labels.astype(np.float32), nthread=1)
         dm.set_group([len(lv)])
-        dm.set_base_margin(self.prior.predict(Xv[order]))
+        dm.set_base_margin(bv[order])
         params = {"objective": "rank:pairwise", "max_depth": self.max_depth, "eta": self.learning_rate,
                   "min_child_weight": self.min_child_weight, "seed": self.prior.config.seed, "nthread": 1,
                   "verbosity": 0}
@@ -543,16 +545,26 @@ class TaskAdapter:
         self.columns_ = cols
         return self
 
-    def predict(self, X: Any) -> np.ndarray:
-        """The prior's scores plus the task's correction, HIGHER = predicted FASTER."""
+    def predict(self, X: Any, prior_scores: Any = None) -> np.ndarray:
+        """The prior's scores plus the task's correction, HIGHER = predicted FASTER.
+        ``prior_scores``: the prior's scores of ``X`` when the caller already has them."""
         import xgboost as xgb
 
-        base = self.prior.predict(X)
+        Xa = self.prior._check_X(X)
+        base = self._prior_scores(Xa, prior_scores)
         if self.booster_ is None or len(base) == 0:
             return base
-        dm = xgb.DMatrix(self.prior._check_X(X)[:, self.columns_], nthread=1)
+        dm = xgb.DMatrix(Xa[:, self.columns_], nthread=1)
         dm.set_base_margin(base)
         return np.asarray(self.booster_.predict(dm), dtype=np.float32).reshape(-1)
+
+    def _prior_scores(self, Xa: np.ndarray, prior_scores: Any) -> np.ndarray:
+        if prior_scores is None:
+            return self.prior.predict(Xa)
+        base = np.asarray(prior_scores, dtype=np.float32).reshape(-1)
+        if len(base) != len(Xa):
+            raise CwmError(f"prior_scores has {len(base)} scores for {len(Xa)} rows")
+        return base
 
 
 class PessimisticEnsemble:
@@ -573,14 +585,20 @@ class PessimisticEnsemble:
     @classmethod
     def fit_bootstrap(cls, prior: LambdaRanker, columns: Sequence[int], X: Any, latencies: Any, *,
                       size: int = 5, kappa: float = 1.0, seed: int = 0, **adapter_args) -> "PessimisticEnsemble":
-        Xa, lat = np.asarray(X, dtype=np.float32), as_latencies(latencies)
+        Xa, lat = prior._check_X(X), as_latencies(latencies)
+        base = prior.predict(Xa)  # once: every member starts from the same prior scores
         rng = np.random.default_rng(seed)
         members = []
         for _ in range(size):
             rows = rng.integers(0, len(lat), len(lat))
-            members.append(TaskAdapter(prior, columns, **adapter_args).fit(Xa[rows], lat[rows]))
+            members.append(TaskAdapter(prior, columns, **adapter_args).fit(Xa[rows], lat[rows], base[rows]))
         return cls(members, kappa)
 
     def predict(self, X: Any) -> np.ndarray:
-        scores = np.stack([m.predict(X) for m in self.members])
+        Xa = self.members[0].prior._check_X(X)
+        bases: dict[int, np.ndarray] = {}  # each distinct prior scores the rows once
+        for m in self.members:
+            if id(m.prior) not in bases:
+                bases[id(m.prior)] = m.prior.predict(Xa)
+        scores = np.stack([m.predict(Xa, bases[id(m.prior)]) for m in self.members])
         return (scores.mean(axis=0) - self.kappa * scores.std(axis=0)).astype(np.float32)
