@@ -142,14 +142,18 @@ def test_sample_efficiency_summary_and_plot(tmp_path):
     # Each contender's speed-up over xgb-pretrained at the fixed budget, per subgraph and overall.
     against = (3.0 * 2.0) ** 0.5 / (2.2 * 2.0) ** 0.5
     assert summary["per_subgraph"]["a"]["cwm"]["speedup_vs_xgb_pretrained"] == pytest.approx(against)
-    assert summary["overall"]["cwm"]["vs_xgb_pretrained"]["geomean"] == pytest.approx(against)
+    assert summary["vs_xgb_pretrained"]["cwm"]["geomean"] == pytest.approx(against)
+    assert pre not in summary["vs_xgb_pretrained"]
+    # Without cold xgb among the contenders the ratios to xgb-pretrained are still reported.
+    no_cold = _summarize([SimpleNamespace(name="a")], runs, ["cwm", pre], 2, None, 30)
+    assert no_cold["overall"] == {} and no_cold["vs_xgb_pretrained"]["cwm"]["geomean"] == pytest.approx(against)
     text = _markdown(summary)
     assert "| a | 3162.2777 (2000.0000 / 5000.0000) | 2097.6177 (2200.0000 / 2000.0000) |" in text
     assert "- a: 10 / >20" in text
     assert f"- cwm: {against:.3f}x" in text and "- xgb-pretrained: 1.000x" not in text
     cold = _summarize([SimpleNamespace(name="a")], runs, ["cwm", "xgb"], 2, 20, 30, large_contender="xgb")
     assert cold["per_subgraph"]["a"]["sample_efficiency"]["large_per_seed"] == [1.0]
-    assert "vs_xgb_pretrained" not in cold["overall"]["cwm"]
+    assert cold["vs_xgb_pretrained"] == {}
     _plot(summary, tmp_path / "search.png")
     assert (tmp_path / "search.png").stat().st_size > 0
 
