@@ -291,6 +291,13 @@ def _sample_efficiency(rows, key, large_budget, large_contender=SAMPLE_EFFICIENC
     return entry
 
 
+def _ratio_spread(ratios) -> dict:
+    """Per-subgraph speed-ups summarized: their geometric mean, log standard deviation, min and max."""
+    logs = np.log(ratios)
+    return {"geomean": float(np.exp(logs.mean())), "spread_log_std": float(logs.std()),
+            "min": float(min(ratios)), "max": float(max(ratios))}
+
+
 def _summarize(tasks, runs, contenders, budget, large_budget, remeasure_runs, num_trials_per_iter=None,
                large_contender=SAMPLE_EFFICIENCY_BASELINE) -> dict:
     key = "remeasured_seconds" if remeasure_runs else "db_best_seconds"
@@ -329,10 +336,8 @@ def _summarize(tasks, runs, contenders, budget, large_budget, remeasure_runs, nu
     for c in contenders:
         ratios = [e[c]["speedup_vs_xgb"] for e in per_task.values() if c in e and "speedup_vs_xgb" in e[c]]
         if ratios:
-            logs = np.log(ratios)
-            overall[c] = {"geomean_speedup_vs_xgb": float(np.exp(logs.mean())),
-                          "spread_log_std": float(logs.std()),
-                          "min": float(min(ratios)), "max": float(max(ratios)),
+            spread = _ratio_spread(ratios)
+            overall[c] = {"geomean_speedup_vs_xgb": spread.pop("geomean"), **spread,
                           "cost_model_seconds_per_trial": float(np.mean(
                               [e[c]["cost_model_seconds_per_trial"] for e in per_task.values() if c in e])),
                           "wall_seconds_per_trial": float(np.mean(
@@ -341,9 +346,7 @@ def _summarize(tasks, runs, contenders, budget, large_budget, remeasure_runs, nu
     for c in contenders:
         against = [e[c][PRETRAINED_KEY] for e in per_task.values() if c in e and PRETRAINED_KEY in e[c]]
         if against and c != PRETRAINED_BASELINE:
-            logs = np.log(against)
-            vs_pretrained[c] = {"geomean": float(np.exp(logs.mean())), "spread_log_std": float(logs.std()),
-                                "min": float(min(against)), "max": float(max(against))}
+            vs_pretrained[c] = _ratio_spread(against)
     return {"budget": budget, "large_budget": large_budget, "remeasure_runs": remeasure_runs,
             "large_contender": large_contender if large_budget else None, "vs_xgb_pretrained": vs_pretrained,
             "num_trials_per_iter": num_trials_per_iter,
