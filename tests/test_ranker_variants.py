@@ -81,3 +81,31 @@ def test_a_split_whose_test_tasks_the_model_saw_is_refused(tiny_model, multi_db,
     leaky = {**split, "test": split["train"][:1]}
     with pytest.raises(CwmError, match="test task"):
         split_features(tiny_model, multi_db, leaky, folds=1, progress=False)
+
+
+def test_an_f_variant_refits_f_and_its_rows_stand_beside_the_shipped_ones(tiny_model, multi_db, multi_split,
+                                                                           tmp_path):
+    split = load_split(multi_split)
+    cache, out = tmp_path / "cache", tmp_path / "results"
+    run_variants(tiny_model, multi_db, split, ["perf-only"], out, folds=1, cache_dir=cache, resamples=100,
+                 progress=False)
+    report = run_variants(tiny_model, multi_db, split, ["perf-only"], out, folds=1, cache_dir=cache, resamples=100,
+                          progress=False, transition="relative-tiles")
+    rows = {(r["variant"], r["transition"]): r for r in report["rows"]}
+    assert set(rows) == {(v, f) for v in (BASELINE_VARIANT, "perf-only") for f in ("shipped", "relative-tiles")}
+    # the static baseline does not depend on F
+    assert rows[(BASELINE_VARIANT, "shipped")]["metrics"]["top1"] == rows[(BASELINE_VARIANT, "relative-tiles")]["metrics"]["top1"]
+    assert "| perf-only | " in (out / "world_model_experiments.md").read_text()
+    assert "| relative-tiles |" in (out / "world_model_experiments.md").read_text()
+    # each F's columns are cached under their own key; the refit F's score head differs from the shipped one's
+    assert len(list(cache.glob("ranker_features_*.npz"))) == 2
+    shipped = split_features(tiny_model, multi_db, split, folds=1, cache_dir=cache, progress=False)
+    refit = split_features(tiny_model, multi_db, split, folds=1, cache_dir=cache, progress=False,
+                           transition="relative-tiles")
+    perf = shipped["test"].names.index("perf")
+    assert not np.allclose(shipped["test"].X[:, perf], refit["test"].X[:, perf])
+    static = shipped["test"].columns(("act", "sched", "hw"))
+    np.testing.assert_array_equal(shipped["test"].X[:, static], refit["test"].X[:, static])
+    with pytest.raises(CwmError, match="unknown F variant"):
+        run_variants(tiny_model, multi_db, split, ["perf-only"], out, folds=1, cache_dir=cache, progress=False,
+                     transition="nope")

@@ -12,7 +12,7 @@ import torch
 
 from cwm.features.action_features import ANNOTATION_KEYS, ARG_NAMES, KIND_TO_ID, KNOWN_KINDS, NUM_ARGS, NUM_STRUCT, STRUCT_NAMES, UNK_ID, encode_actions, structured_features
 from cwm.errors import CwmError
-from cwm.model.transition import CONFIG_FILE, WEIGHTS_FILE, ActionEmbedding, Transition, TransitionConfig, TransitionModel, TransH, encode_batch, pad_batch, rollout, rollout_loss
+from cwm.model.transition import CONFIG_FILE, RELATIVE_TILE_NAMES, WEIGHTS_FILE, ActionEmbedding, Transition, TransitionConfig, TransitionModel, TransH, encode_batch, pad_batch, relative_tile_inputs, rollout, rollout_loss
 
 EXAMPLE = r"""
 {"kind": "GetSBlock", "inputs": [], "attrs": ["C", "main"], "outputs": ["b0"], "decision": null}
@@ -232,10 +232,50 @@ def test_pad_batch_and_rollout_shapes():
     assert emb.shape == (3, 9, 16)
 
 
-@pytest.mark.parametrize("residual", [False, True])
-def test_batched_rollout_matches_single(residual):
+def test_relative_tile_inputs_put_factors_against_their_loop_and_the_vector_widths():
+    acts = example_actions()
+    rel = relative_tile_inputs(torch.from_numpy(encode_actions(acts)["args"])).numpy()
+    assert rel.shape == (len(acts), len(RELATIVE_TILE_NAMES))
+    col = {n: i for i, n in enumerate(RELATIVE_TILE_NAMES)}
+    shares = [col[f"tile_{i}_log_share"] for i in range(4)]
+    # l2 (extent 64) sampled as [2, 4, 1, 8]: log2 shares 1/6, 2/6, 0, 3/6; innermost 8 fills one AVX2 vector
+    first = rel[4]
+    np.testing.assert_allclose(first[shares], [1 / 6, 2 / 6, 0, 3 / 6], atol=1e-6)
+    assert [first[col[n]] for n in ("inner_div4", "inner_div8", "inner_div16", "inner_below8", "inner_below16",
+                                    "spatial_tile")] == [1, 1, 0, 0, 1, 1]
+    np.testing.assert_array_equal(rel[5], rel[4])  # the Split that applies those factors, resolved
+    # the reduction loop l4 (extent 64) as [4, 16]: two levels, innermost a whole AVX-512 vector
+    red = rel[8]
+    np.testing.assert_allclose(red[shares[:2]], [2 / 6, 4 / 6], atol=1e-6)
+    assert [red[col[n]] for n in ("inner_div16", "inner_below16", "spatial_tile")] == [1, 0, 0]
+    # actions that are not tiles get zeros
+    assert not rel[[0, 1, 2, 3, 10, 11]].any()
+    # a Split whose factors cannot be resolved: zeros, not a guess
+    unresolved = {"kind": "Split", "inputs": ["l0", "v99", 4], "attrs": [1, 0], "outputs": ["l1", "l2"],
+                  "decision": None}
+    assert not relative_tile_inputs(torch.from_numpy(encode_actions([unresolved])["args"])).any()
+
+
+def test_a_transition_with_relative_tiles_reads_them_and_round_trips(tmp_path):
+    trajs = synthetic_trajectories(16, seed=5)
+    z0 = np.random.default_rng(5).normal(size=(16, 8)).astype(np.float32)
+    est = Transition(TransitionConfig(epochs=2, relative_tiles=True, **TINY)).fit(
+        z0, trajs, kind_rule_targets(z0, trajs), progress=False)
+    assert est.model_.embed.arg_in.in_features == NUM_ARGS + len(RELATIVE_TILE_NAMES)
+    est.save(tmp_path / "rel")
+    loaded = Transition.load(tmp_path / "rel")
+    assert loaded.config.relative_tiles
+    np.testing.assert_array_equal(loaded.predict(z0, trajs), est.predict(z0, trajs))
+    # the relative inputs reach the rollout: zeroing their weights changes the prediction
+    with torch.no_grad():
+        loaded.model_.embed.arg_in.weight[:, NUM_ARGS:] = 0
+    assert not np.allclose(loaded.predict(z0, trajs), est.predict(z0, trajs))
+
+
+@pytest.mark.parametrize("residual,relative", [(False, False), (True, False), (False, True), (True, True)])
+def test_batched_rollout_matches_single(residual, relative):
     torch.manual_seed(0)
-    model = TransitionModel(TransitionConfig(residual_mlp=residual, **TINY)).eval()
+    model = TransitionModel(TransitionConfig(residual_mlp=residual, relative_tiles=relative, **TINY)).eval()
     trajs = synthetic_trajectories(5, seed=3)
     encoded = [encode_actions(t) for t in trajs]
     z0 = torch.randn(5, 8)

@@ -373,6 +373,9 @@ def bench_ranker_variants(
     out: Path = typer.Option(Path("benchmarks/results"), help="Where world_model_experiments.json/md live."),
     cache_dir: Optional[Path] = typer.Option(None, help="Feature cache (default: $CWM_CACHE/experiments)."),
     seed: int = typer.Option(0),
+    transition: str = typer.Option("shipped", help="F whose columns the variants use: shipped (the model's), or "
+                                   "an F refit on the training tasks with changed settings, e.g. relative-tiles "
+                                   "(refit: unchanged, the control; a wrong name lists them all)."),
 ):
     """The world model's fast experiment loop: ranker variants on cached features, scored on held-out tasks with
     paired bootstrap intervals against action-features; rows merge into world_model_experiments.md."""
@@ -388,10 +391,10 @@ def bench_ranker_variants(
         "cwm bench ranker-variants"
     report = run_variants(model or default_model_dir(), resolve_db(db), load_split(split), chosen, out,
                           folds=folds, cache_dir=cache_dir or cache_root() / "experiments", seed=seed,
-                          command=command)
+                          command=command, transition=transition)
     for r in report["rows"]:
         m = r["metrics"]
-        typer.echo(f"{r['variant']:<22} {r['machine']:<8} top1 {m['top1']['mean']:.3f} ({m['top1']['vs_baseline']:+.3f})"
+        typer.echo(f"{r['variant']:<22} {r['machine']:<8} F {r.get('transition', 'shipped'):<14} top1 {m['top1']['mean']:.3f} ({m['top1']['vs_baseline']:+.3f})"
                    f"  top5 {m['top5']['mean']:.3f}  pairwise {m['pairwise_accuracy']['mean']:.3f}"
                    f" ({m['pairwise_accuracy']['vs_baseline']:+.3f})")
     typer.echo(f"report: {out / 'world_model_experiments.md'}")

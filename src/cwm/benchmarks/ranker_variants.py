@@ -7,6 +7,10 @@ and cached (``.npz``). A variant then picks columns and ranker settings, fits on
 minutes, with bootstrap intervals over test groups and the paired difference against
 ``action-features`` (no latent at all) on the same resamples.
 
+An F variant (``TRANSITION_VARIANTS``) replaces the model's F by one refit on the training tasks with the
+model's E and training settings, some of them changed; ``refit`` changes none and is the control that
+separates a variant's effect from the refit's own noise.
+
 ``oof`` columns are the latent and score head of an F that never saw the record's task: the
 training tasks are split into K folds and each fold's rows come from an F trained on the other
 folds (with the model's E and its training settings); validation and test rows come from the
@@ -41,6 +45,17 @@ TOP_RANKER = {"objective": "rank:ndcg", "labels": "rank", "label_levels": 32, "n
 RANK_GRADES = {"labels": "rank", "label_levels": 32}
 COLUMN_GROUPS = ("z", "perf", "oof:z", "oof:perf", "act", "sched", "hw")
 BASELINE_VARIANT = "action-features"
+SHIPPED_TRANSITION = "shipped"
+# TrainSettings fields over the model's own for an F refit on the split's training tasks.
+TRANSITION_VARIANTS = {
+    SHIPPED_TRANSITION: None,
+    "refit": {},
+    "relative-tiles": {"transition_relative_tiles": True},
+    "residual": {"transition_residual": True},
+    "relative-tiles-residual": {"transition_relative_tiles": True, "transition_residual": True},
+    "perf-main": {"transition_perf_weight": 4.0},  # the score head's loss as the main term
+    "all-records": {"transition_perf_trajectories_per_task": 1_000_000},  # every measured record trains the head
+}
 DEFAULT_FOLDS = 4
 RESULTS_NAME = "world_model_experiments"
 
@@ -124,9 +139,11 @@ def model_id(model_dir: Path) -> str:
     return h.hexdigest()[:12]
 
 
-def _cache_key(model_dir: Path, db_dir: Path, split: dict, folds: int) -> str:
+def _cache_key(model_dir: Path, db_dir: Path, split: dict, folds: int, transition: str = SHIPPED_TRANSITION) -> str:
     h = hashlib.sha1()
     h.update(model_id(model_dir).encode())
+    if transition != SHIPPED_TRANSITION:
+        h.update(json.dumps([transition, TRANSITION_VARIANTS[transition]], sort_keys=True).encode())
     h.update(str(Path(db_dir).resolve()).encode())
     h.update(json.dumps({k: sorted(split.get(k, [])) for k in ("train", "val", "test")}).encode())
     h.update(str(folds).encode())
@@ -170,14 +187,30 @@ def _oof_columns(model, train_ds, train_latencies, folds: int, settings, progres
     return z, perf
 
 
+def _model_settings(model):
+    from ..model.training import TrainSettings
+
+    known = {f for f in TrainSettings.__dataclass_fields__}
+    trained = (model.config.trained_on or {}).get("settings", {})
+    return TrainSettings(**{k: v for k, v in trained.items() if k in known})
+
+
+def get_transition_variant(name: str) -> dict | None:
+    if name not in TRANSITION_VARIANTS:
+        raise CwmError(f"unknown F variant {name!r}; known: {', '.join(TRANSITION_VARIANTS)}")
+    return TRANSITION_VARIANTS[name]
+
+
 def split_features(model_dir, db_dir, split: dict, *, folds: int = DEFAULT_FOLDS, cache_dir=None,
-                   progress: bool = True) -> dict[str, SplitFeatures]:
+                   progress: bool = True, transition: str = SHIPPED_TRANSITION) -> dict[str, SplitFeatures]:
     """Every ranker column of the train, val and test records under ``model_dir``'s world model (which
-    must not have seen the test tasks), with ``oof`` columns for ``folds`` > 1; cached in ``cache_dir``."""
+    must not have seen the test tasks), with ``oof`` columns for ``folds`` > 1; cached in ``cache_dir``.
+    ``transition`` other than ``shipped`` first refits F on the training tasks (``TRANSITION_VARIANTS``)."""
     from ..data.dataset import load_dataset
-    from ..model.training import TrainSettings, ranker_arrays
+    from ..model.training import fit_transition, ranker_arrays
     from ..model.world_model import WorldModel, training_tasks
 
+    overrides = get_transition_variant(transition)
     model_dir = Path(model_dir)
     model = WorldModel.load(model_dir)
     if not model.perf_score or model.config.latent != "rollout":
@@ -190,7 +223,8 @@ def split_features(model_dir, db_dir, split: dict, *, folds: int = DEFAULT_FOLDS
         raise CwmError(f"{len(seen & test)} test task(s) were in {model_dir}'s training data")
     cache = None
     if cache_dir is not None:
-        cache = Path(cache_dir) / f"ranker_features_{_cache_key(model_dir, Path(db_dir), split, folds)}.npz"
+        key = _cache_key(model_dir, Path(db_dir), split, folds, transition)
+        cache = Path(cache_dir) / f"ranker_features_{key}.npz"
         if cache.exists():
             data = np.load(cache, allow_pickle=False)
             names = [str(n) for n in data["names"]]
@@ -201,6 +235,14 @@ def split_features(model_dir, db_dir, split: dict, *, folds: int = DEFAULT_FOLDS
     for part in ("train", "test"):
         if not parts[part].trajectories:
             raise CwmError(f"the {part} split has no valid records")
+    settings = replace(_model_settings(model), **(overrides or {}))
+    if overrides is not None:
+        t = time.time()
+        refit, _ = fit_transition(parts["train"], model.encoder, settings, np.random.default_rng(settings.seed),
+                                  progress)
+        model = WorldModel(model.encoder, refit, model.ranker, model.config)
+        log.info("F %s refit on %d training tasks in %.0f s", transition, len(parts["train"].by_task),
+                 time.time() - t)
     out = {}
     for part, sub in parts.items():
         t = time.time()
@@ -209,9 +251,6 @@ def split_features(model_dir, db_dir, split: dict, *, folds: int = DEFAULT_FOLDS
         out[part] = SplitFeatures(X.astype(np.float32), lat, np.asarray(groups).astype(str), list(model.feature_names))
         log.info("%s: %d rows in %.0f s", part, len(X), time.time() - t)
     if folds > 1:
-        known = {f for f in TrainSettings.__dataclass_fields__}
-        trained = (model.config.trained_on or {}).get("settings", {})
-        settings = TrainSettings(**{k: v for k, v in trained.items() if k in known})
         z_oof, perf_oof = _oof_columns(model, parts["train"], out["train"].latencies, folds, settings, progress)
         latent = model.latent_dim
         for part, f in out.items():
@@ -263,10 +302,10 @@ def fit_variant(variant: RankerVariant, features: dict[str, SplitFeatures], seed
 
 def run_variants(model_dir, db_dir, split: dict, variants, out_dir, *, folds: int = DEFAULT_FOLDS,
                  cache_dir=None, seed: int = 0, resamples: int = 1000, confidence: float = 0.9,
-                 command: str = "", progress: bool = True) -> dict:
-    """Fit and score ``variants`` (names of ``VARIANTS``) and merge their rows into
-    ``out_dir/world_model_experiments.{json,md}`` (one row per variant, model and machine; a rerun
-    replaces its own rows, the others stay)."""
+                 command: str = "", progress: bool = True, transition: str = SHIPPED_TRANSITION) -> dict:
+    """Fit and score ``variants`` (names of ``VARIANTS``) on the columns of the model's F or of the F
+    variant ``transition``, and merge their rows into ``out_dir/world_model_experiments.{json,md}`` (one
+    row per variant, model, F and machine; a rerun replaces its own rows, the others stay)."""
     from ..hardware import host_cpu
     from ..model.metrics import (
         RANKING_METRICS,
@@ -276,13 +315,15 @@ def run_variants(model_dir, db_dir, split: dict, variants, out_dir, *, folds: in
         per_group_ranking,
     )
 
+    get_transition_variant(transition)
     chosen = [get_variant(v) for v in dict.fromkeys(variants)]
     names = [v.name for v in chosen]
     if BASELINE_VARIANT not in names:
         chosen.insert(0, get_variant(BASELINE_VARIANT))
     out_dir = ensure_directory(out_dir, "output directory")
     t0 = time.time()
-    features = split_features(model_dir, db_dir, split, folds=folds, cache_dir=cache_dir, progress=progress)
+    features = split_features(model_dir, db_dir, split, folds=folds, cache_dir=cache_dir, progress=progress,
+                              transition=transition)
     feature_seconds = time.time() - t0
     test = features["test"]
     scores, info = {}, {}
@@ -302,7 +343,7 @@ def run_variants(model_dir, db_dir, split: dict, variants, out_dir, *, folds: in
     for variant in chosen:
         name = variant.name
         row = {"variant": name, "description": variant.description, "model": portable_path(model_dir),
-               "model_id": model_id(Path(model_dir)), "machine": machine,
+               "model_id": model_id(Path(model_dir)), "transition": transition, "machine": machine,
                "folds": folds if any(c.startswith("oof:") for c in variant.columns) else None,
                "command": command, "date": time.strftime("%Y-%m-%d"), **info[name], "metrics": {}}
         for m in RANKING_METRICS:
@@ -331,7 +372,8 @@ def _merge_rows(path: Path, rows: list[dict], meta: dict) -> dict:
             report = json.loads(path.read_text())
         except json.JSONDecodeError:
             raise CwmError(f"{path} is not valid JSON; move it away to start a new table") from None
-    key = lambda r: (r["variant"], r.get("model_id", r["model"]), r["machine"])  # noqa: E731
+    key = lambda r: (r["variant"], r.get("model_id", r["model"]), r.get("transition", SHIPPED_TRANSITION),  # noqa: E731
+                     r["machine"])
     new = {key(r) for r in rows}
     report["rows"] = [r for r in report.get("rows", []) if key(r) not in new] + rows
     report.update(meta)
@@ -357,13 +399,14 @@ def experiments_markdown(report: dict) -> str:
         "on the same resamples. Pooled pairwise weighs groups by their pairs; `pairwise/group` is the plain mean "
         "over groups. Every row stays, negative ones included.",
         "",
-        "| variant | machine | model | columns | trees | top-1 | top-5 | pairwise | pairwise/group | "
+        "| variant | machine | model | F | columns | trees | top-1 | top-5 | pairwise | pairwise/group | "
         "top-1 vs baseline | top-5 vs baseline | pairwise vs baseline |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["rows"]:
         m = r["metrics"]
-        lines.append(f"| {r['variant']} | `{r['machine']}` | {r['model']} | {r['columns']} | {r['trees']} | "
+        lines.append(f"| {r['variant']} | `{r['machine']}` | {r['model']} | {r.get('transition', SHIPPED_TRANSITION)} | "
+                     f"{r['columns']} | {r['trees']} | "
                      f"{iv(m['top1'])} | {iv(m['top5'])} | {iv(m['pairwise_accuracy'])} | "
                      f"{iv(m['pairwise_per_group'])} | {diff(m['top1'])} | {diff(m['top5'])} | "
                      f"{diff(m['pairwise_accuracy'])} |")

@@ -1118,6 +1118,7 @@ __all__ = [
     "CACHE_MAX_ENTRIES",
     "KNOWN_KINDS",
     "KIND_TO_ID",
+    "MAX_TILE_FACTORS",
     "NUM_ARGS",
     "NUM_STRUCT",
     "PAD_ID",

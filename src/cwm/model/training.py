@@ -43,6 +43,9 @@ class TrainSettings:
     # state matching only), and how many measured trajectories per task train it
     transition_perf_weight: float = 1.0
     transition_perf_trajectories_per_task: int = 64
+    # F's variants (issue: an F that learns speed): tile inputs relative to their loops, the residual MLP
+    transition_relative_tiles: bool = False
+    transition_residual: bool = False
     # ranker
     ranker_estimators: int = 200
     ranker_labels: str = "throughput"
@@ -205,7 +208,9 @@ def fit_transition(train_ds, encoder, settings: TrainSettings, rng, progress: bo
         train_ds, encoder, settings.transition_trajectories_per_task, settings.transition_steps_per_trajectory,
         rng, progress, perf_per_task=settings.transition_perf_trajectories_per_task if perf else 0)
     transition = Transition(TransitionConfig(state_dim=encoder.dim, epochs=settings.transition_epochs,
-                                             perf_weight=settings.transition_perf_weight, seed=settings.seed))
+                                             perf_weight=settings.transition_perf_weight, seed=settings.seed,
+                                             relative_tiles=settings.transition_relative_tiles,
+                                             residual_mlp=settings.transition_residual))
     transition.fit(z0, actions, targets, progress=progress, max_seconds=settings.transition_max_seconds,
                    latencies=latencies if perf else None, groups=groups if perf else None)
     counts = {"transition_trajectories": len(actions),

@@ -38,6 +38,7 @@ from ..errors import CwmError
 from ..features.action_features import (
     ARG_NAMES,
     KNOWN_KINDS,
+    MAX_TILE_FACTORS,
     NUM_ARGS,
     encode_actions,
     encode_actions_batch,
@@ -72,6 +73,9 @@ class TransitionConfig:
     seed: int = 0
     num_kinds: int = len(KNOWN_KINDS)
     num_args: int = NUM_ARGS
+    # also feed each tile factor relative to the loop it splits, and the innermost factor against
+    # the SIMD widths (relative_tile_inputs); derived from the raw columns inside the model
+    relative_tiles: bool = False
     # within-task ranking loss on a score head over z_T (0: state matching only, the paper's F)
     perf_weight: float = 0.0
     perf_hidden: int = 64
@@ -98,6 +102,42 @@ class TransitionConfig:
 
 
 # --------------------------------------------------------------------------------------------
+# Relative tile inputs
+# --------------------------------------------------------------------------------------------
+
+# Raw tile columns hold log2(1 + f_i) per factor and log2(1 + n): a factor means nothing without the
+# extent it splits, and whether the innermost factor fills whole vectors is not a smooth function of it.
+_TILE0 = ARG_NAMES.index("tile_0")
+_TILE_COUNT = ARG_NAMES.index("tile_count")
+RELATIVE_TILE_NAMES = tuple(
+    [f"tile_{i}_log_share" for i in range(MAX_TILE_FACTORS)]  # log2(f_i) / log2(extent)
+    + ["inner_div4", "inner_div8", "inner_div16",  # innermost factor a multiple of SSE / AVX2 / AVX-512 fp32 lanes
+       "inner_below8", "inner_below16",  # innermost factor shorter than one AVX2 / AVX-512 vector
+       "spatial_tile"]  # 4 or more levels: a spatial loop of multi-level tiling (reduction loops get 2 or 3)
+)
+
+
+def relative_tile_inputs(args: torch.Tensor) -> torch.Tensor:
+    """``[n, len(RELATIVE_TILE_NAMES)]`` from raw action arguments ``[n, NUM_ARGS]``; zeros for actions
+    that are not tiles and for tiles with an unresolved factor."""
+    f = torch.round(torch.exp2(args[:, _TILE0:_TILE0 + MAX_TILE_FACTORS]) - 1).clamp(min=0)
+    n = torch.round(torch.exp2(args[:, _TILE_COUNT]) - 1).clamp(0, MAX_TILE_FACTORS).long()
+    used = torch.arange(MAX_TILE_FACTORS, device=args.device)[None, :] < n[:, None]
+    known = used & (f > 0)
+    complete = (n > 0) & (known.sum(1) == n)
+    logf = torch.where(known, torch.log2(f.clamp(min=1)), torch.zeros_like(f))
+    log_extent = logf.sum(1, keepdim=True)
+    share = torch.where(complete[:, None] & (log_extent > 0), logf / log_extent.clamp(min=1e-6), torch.zeros_like(f))
+    inner = f.gather(1, (n - 1).clamp(min=0)[:, None]).squeeze(1)
+    inner = torch.where(complete, inner, torch.zeros_like(inner))
+    has = inner > 0
+    flags = torch.stack([has & (torch.remainder(inner, 4) == 0), has & (torch.remainder(inner, 8) == 0),
+                         has & (torch.remainder(inner, 16) == 0), has & (inner < 8), has & (inner < 16),
+                         complete & (n >= 4)], dim=1)
+    return torch.cat([share, flags.to(args.dtype)], dim=1)
+
+
+# --------------------------------------------------------------------------------------------
 # Modules
 # --------------------------------------------------------------------------------------------
 
@@ -115,7 +155,8 @@ class ActionEmbedding(nn.Module):
         super().__init__()
         self.kind_emb = nn.Embedding(config.num_kinds, config.action_dim, padding_idx=0)
         self.kind_hidden = nn.Embedding(config.num_kinds, config.hidden, padding_idx=0)
-        self.arg_in = nn.Linear(config.num_args, config.hidden)
+        extra = len(RELATIVE_TILE_NAMES) if config.relative_tiles else 0
+        self.arg_in = nn.Linear(config.num_args + extra, config.hidden)
         self.arg_out = nn.Linear(config.hidden, config.action_dim)
         nn.init.normal_(self.kind_hidden.weight, std=0.1)
         with torch.no_grad():
@@ -185,11 +226,17 @@ class TransitionModel(nn.Module):
             raise CwmError("this transition model has no score head (trained with perf_weight 0)")
         return self.score_head(torch.cat([z_T, z_T - z0], dim=-1)).squeeze(-1)
 
+    def action_inputs(self, args: torch.Tensor) -> torch.Tensor:
+        """What the action embedding reads from flat raw arguments ``[n, NUM_ARGS]``."""
+        if not self.config.relative_tiles:
+            return args
+        return torch.cat([args, relative_tile_inputs(args)], dim=-1)
+
     def action_params(
         self, kind: torch.Tensor, args: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """TransH unit normal ``w``, translation ``d`` and, with the residual MLP, the action
-        vector (else None) for flat ``kind [n]``, ``args [n, A]``."""
+        vector (else None) for flat ``kind [n]``, ``args [n, A]`` (``action_inputs`` of the raw ones)."""
         if self.step.residual is not None:
             a = self.embed(kind, args)
             w, d = self.step.params(a)
@@ -247,7 +294,7 @@ class TransitionModel(nn.Module):
         src = b_idx * T + t_idx
         dst = t_idx * B + b_idx
         kind_real = kind.reshape(-1).index_select(0, src)
-        flat_args = args.reshape(B * T, -1)
+        flat_args = self.action_inputs(args.reshape(B * T, -1))
         residual = self.step.residual
         if residual is None:
             kind_sorted, order = torch.sort(kind_real, stable=True)
@@ -852,6 +899,7 @@ class Transition:
 __all__ = [
     "ActionEmbedding",
     "CONFIG_FILE",
+    "RELATIVE_TILE_NAMES",
     "Transition",
     "TransitionConfig",
     "TransitionModel",
@@ -859,6 +907,7 @@ __all__ = [
     "WEIGHTS_FILE",
     "encode_batch",
     "pad_batch",
+    "relative_tile_inputs",
     "rollout",
     "rollout_loss",
     "within_task_rank_loss",
