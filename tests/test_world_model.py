@@ -464,3 +464,15 @@ def test_a_trained_model_names_the_tasks_it_was_trained_on(tiny_model, multi_spl
     split = load_split(multi_split)
     assert training_tasks(tiny_model) == set(split["train"]) | set(split["val"])
     assert not training_tasks(tiny_model) & set(split["test"])
+
+
+def test_trained_settings_fill_fields_added_since_with_their_defaults():
+    from dataclasses import asdict
+
+    from cwm.model.training import TrainSettings, trained_settings
+
+    saved = asdict(TrainSettings(seed=3))
+    del saved["transition_relative_tiles"]  # a model trained before the field existed
+    assert trained_settings({"settings": saved}) == TrainSettings(seed=3)
+    assert trained_settings({"settings": {**saved, "from_a_newer_version": 1}}) == TrainSettings(seed=3)
+    assert trained_settings(None) == TrainSettings()

@@ -340,12 +340,10 @@ def leave_out_world_model(train_db, split: dict, out_dir: Path, settings, progre
     """A world model trained on ``split`` of ``train_db`` into ``out_dir``, or the one already there
     when it was trained on the same train/val tasks with the same settings (``train`` writes the
     directory atomically, so one that exists is complete)."""
-    from dataclasses import asdict
-
+    from ..model.training import TrainSettings, trained_settings
     from ..model.world_model import CONFIG_FILE, TRAIN_SPLIT_FILE
 
     out_dir = Path(out_dir)
-    want_settings = json.loads(json.dumps(asdict(settings)))
     if (out_dir / CONFIG_FILE).exists():
         try:
             saved = json.loads((out_dir / TRAIN_SPLIT_FILE).read_text())
@@ -353,7 +351,10 @@ def leave_out_world_model(train_db, split: dict, out_dir: Path, settings, progre
             saved = None
         same_split = isinstance(saved, dict) and all(
             sorted(saved.get(k, [])) == sorted(split.get(k, [])) for k in ("train", "val"))
-        same_settings = (_model_meta(out_dir).get("trained_on") or {}).get("settings") == want_settings
+        # a model saved before a settings field was added has it at its default
+        trained_on = _model_meta(out_dir).get("trained_on") or {}
+        same_settings = (set(trained_on.get("settings") or {}) <= set(TrainSettings.__dataclass_fields__)
+                         and trained_settings(trained_on) == settings)
         if not (same_split and same_settings):
             raise CwmError(f"{out_dir} was trained on another split or with other settings; remove it "
                            "(and the network's leave-out work directories) to train it again")

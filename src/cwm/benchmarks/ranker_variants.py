@@ -187,14 +187,6 @@ def _oof_columns(model, train_ds, train_latencies, folds: int, settings, progres
     return z, perf
 
 
-def _model_settings(model):
-    from ..model.training import TrainSettings
-
-    known = {f for f in TrainSettings.__dataclass_fields__}
-    trained = (model.config.trained_on or {}).get("settings", {})
-    return TrainSettings(**{k: v for k, v in trained.items() if k in known})
-
-
 def get_transition_variant(name: str) -> dict | None:
     if name not in TRANSITION_VARIANTS:
         raise CwmError(f"unknown F variant {name!r}; known: {', '.join(TRANSITION_VARIANTS)}")
@@ -207,7 +199,7 @@ def split_features(model_dir, db_dir, split: dict, *, folds: int = DEFAULT_FOLDS
     must not have seen the test tasks), with ``oof`` columns for ``folds`` > 1; cached in ``cache_dir``.
     ``transition`` other than ``shipped`` first refits F on the training tasks (``TRANSITION_VARIANTS``)."""
     from ..data.dataset import load_dataset
-    from ..model.training import fit_transition, ranker_arrays
+    from ..model.training import fit_transition, ranker_arrays, trained_settings
     from ..model.world_model import WorldModel, training_tasks
 
     overrides = get_transition_variant(transition)
@@ -235,7 +227,7 @@ def split_features(model_dir, db_dir, split: dict, *, folds: int = DEFAULT_FOLDS
     for part in ("train", "test"):
         if not parts[part].trajectories:
             raise CwmError(f"the {part} split has no valid records")
-    settings = replace(_model_settings(model), **(overrides or {}))
+    settings = replace(trained_settings(model.config.trained_on), **(overrides or {}))
     if overrides is not None:
         t = time.time()
         refit, _ = fit_transition(parts["train"], model.encoder, settings, np.random.default_rng(settings.seed),

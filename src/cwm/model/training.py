@@ -64,6 +64,13 @@ class TrainSettings:
                    transition_epochs=3, ranker_estimators=20)
 
 
+def trained_settings(trained_on: dict | None) -> TrainSettings:
+    """The settings a model's ``trained_on`` metadata records; fields added since then take their defaults,
+    and fields this version does not know are left out."""
+    saved = (trained_on or {}).get("settings") or {}
+    return TrainSettings(**{k: v for k, v in saved.items() if k in TrainSettings.__dataclass_fields__})
+
+
 @dataclass
 class TrainReport:
     seconds: dict = field(default_factory=dict)
