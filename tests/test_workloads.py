@@ -167,6 +167,43 @@ def test_split_v2_names_an_unknown_held_out_network_or_kind():
         make_split(tasks, test_kinds=("conv9d",))
 
 
+def test_leaving_a_network_out_also_leaves_out_its_older_ids_and_its_layers_in_sibling_networks():
+    from cwm.data.split import tasks_to_leave_out
+
+    dense = ((128, 768), (768, 3072), (128, 3072))
+    tasks = {"new": _info("new", "net/dense", "dense", "net"),  # the network's task as extracted now
+             "old": _info("old", "net/dense_v1", "dense", "net"),  # the same layer, an earlier pipeline's id
+             "sib": _info("sib", "sibling/dense", "dense", "sibling"),  # the old layer's shape, another network
+             "sib-near": _info("sib-near", "sibling/dense2", "dense", "sibling"),
+             "other-kind": _info("other-kind", "sibling/gelu", "elementwise", "sibling"),
+             "far": _info("far", "sibling/dense3", "dense", "sibling")}
+    shapes = {"new": ((128, 768), (96, 768, 32), (128, 3072)),  # prepacked weights: no near-duplicate by shape
+              "old": dense, "sib": dense, "sib-near": ((127, 768), (768, 3072), (127, 3072)),
+              "other-kind": dense, "far": ((128, 768), (768, 768), (128, 768))}
+    assert tasks_to_leave_out(["new"], tasks, shapes, network="net") == {"new", "old", "sib", "sib-near"}
+    # by id only (a model file has no network name in the database): the prepacked layer matches nothing
+    assert tasks_to_leave_out(["new"], tasks, shapes) == {"new"}
+    assert tasks_to_leave_out(["old"], tasks, shapes) == {"old", "sib", "sib-near"}
+
+
+def test_a_network_left_out_of_a_database_takes_its_recorded_tasks_and_their_near_duplicates(tmp_path):
+    from cwm.benchmarks.e2e import network_leave_out_ids
+    from cwm.data.database import open_database, write_task_index
+
+    recorded = get_task("matmul:M=256,N=256,K=256")  # in the database under the network's name
+    sibling = get_task("matmul:M=256,N=255,K=256")  # its near-duplicate in another network
+    unrelated = get_task("matmul:M=64,N=512,K=128")
+    recorded.network, sibling.network, unrelated.network = "net", "sibling", "sibling"
+    db = open_database(tmp_path / "db")
+    for t in (recorded, sibling, unrelated):
+        db.commit_workload(t.mod)
+    write_task_index(tmp_path / "db", [recorded, sibling, unrelated])
+    extracted = get_task("dense_relu:M=32,N=64,K=32")  # the network's task as the pipeline extracts it now
+    drop = network_leave_out_ids("net", [extracted], tmp_path / "db")
+    assert drop == {extracted.id, recorded.id, sibling.id}
+    assert network_leave_out_ids("net", [extracted], tmp_path / "none") == {extracted.id}  # no database yet
+
+
 def test_task_shapes_read_the_buffers_of_a_task_and_find_its_near_duplicate():
     from cwm.data.split import near_duplicates, task_shapes
 

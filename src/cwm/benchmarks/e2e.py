@@ -41,6 +41,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..data.database import RECORD_FILE, WORKLOAD_FILE
+from ..data.split import NEAR_DUPLICATE_TOLERANCE
 from ..deploy.build import PREPACKED_SUFFIX, build_network, sidecar_path
 from ..deploy.check import check_against_torch, check_outputs, tolerance_for, torch_outputs
 from ..deploy.profile import profile_network
@@ -268,12 +269,29 @@ def _as_split(split) -> dict | None:
 
 
 def leave_network_out_split(split: dict, task_ids) -> dict:
-    """``split`` without ``task_ids`` (a network's tasks) in train and val; test is kept as it is and
-    other keys (such as ``names``) are dropped. ``split`` is not changed."""
+    """``split`` without ``task_ids`` (what a network rules out, ``network_leave_out_ids``) in train and
+    val; test is kept as it is and other keys (such as ``names``) are dropped. ``split`` is not changed."""
     drop = set(task_ids)
     out = {k: [t for t in split.get(k, []) if t not in drop] for k in ("train", "val")}
     out["test"] = list(split.get("test", []))
     return out
+
+
+def network_leave_out_ids(network: str, tasks, train_db) -> set[str]:
+    """The tasks of ``train_db`` that holding out ``network`` (its extracted ``tasks``) rules out of
+    training (``cwm.data.split.tasks_to_leave_out``): its tasks by id, the tasks the database records
+    under its name, and their near-duplicates in other networks."""
+    from ..data.dataset import load_tasks
+    from ..data.database import TaskInfo
+    from ..data.split import task_shapes, tasks_to_leave_out
+    from ..schedule.tir import buffer_shapes
+
+    infos, modules = load_tasks(train_db)
+    shapes = task_shapes(modules)
+    for t in tasks:
+        infos[t.id] = TaskInfo(t.id, t.name, t.kind, network)
+        shapes[t.id] = buffer_shapes(t.mod)
+    return tasks_to_leave_out([t.id for t in tasks], infos, shapes, network=network)
 
 
 def _model_meta(model_dir: Path) -> dict:
@@ -574,7 +592,7 @@ def _learned_models(name, all_tasks, tasks, *, cost_models, model_paths, work_ro
         return paths, labels, info
     used_split = split
     if leave_network_out:
-        used_split = leave_network_out_split(split, [t.id for t in all_tasks])
+        used_split = leave_network_out_split(split, network_leave_out_ids(name, all_tasks, train_db))
         info["leave_network_out"] = {"removed_tasks": {k: len(split.get(k, [])) - len(used_split[k])
                                                        for k in ("train", "val")}}
         trained = {}
@@ -874,6 +892,9 @@ def training_line(name: str, entry: dict) -> str | None:
     """One line of what ``cwm`` and ``xgb-pretrained`` saw of a network, or None (neither ran)."""
     parts = [_saw(cm, entry[key]) for key, cm in (("world_model", "cwm"), ("xgb_pretrained", "xgb-pretrained"))
              if entry.get(key)]
+    removed = (entry.get("leave_network_out") or {}).get("removed_tasks")
+    if parts and removed:
+        parts[-1] += f" (left out of training: {removed.get('train', 0)} train, {removed.get('val', 0)} val tasks)"
     return f"{name}: " + "; ".join(parts) if parts else None
 
 
@@ -897,7 +918,9 @@ def markdown(summary: dict) -> str:
         lines += [f"World model of `cwm`: `{wm['path']}` (trained on `{wm['trained_on']}`).", ""]
     if cfg.get("leave_network_out"):
         lines += [("Leave-network-out: for each network, `cwm`'s world model and `xgb-pretrained`'s XGBoost "
-                   "model were trained on the split less every task of that network."), ""]
+                   "model were trained on the split less every task of that network (by id and by the network "
+                   "name the training database records) and their near-duplicates in other networks (same "
+                   f"kind and buffer shapes, one dimension within {NEAR_DUPLICATE_TOLERANCE:.0%})."), ""]
     seen = [line for name, e in summary["networks"].items() if (line := training_line(name, e))]
     if seen:
         lines += ["What the learned cost models saw of each network (its compute tasks in their training data):",

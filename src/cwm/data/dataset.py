@@ -341,6 +341,37 @@ def _failure_index(db_dir: Path) -> dict[str, str]:
     return out
 
 
+def _workload_tasks(raw, index: dict) -> tuple[list[str | None], dict[str, TaskInfo], dict[str, object]]:
+    """The task id of each workload line (None for an unreadable one), and each task's info and module."""
+    tasks, modules, ids = {}, {}, []
+    task_of: dict[tuple, str] = {}  # (structural id, block names) -> task id
+    for entry in raw.workloads:
+        if entry is None:
+            ids.append(None)
+            continue
+        mod = workload_module(entry)
+        key = (task_id_of(mod), block_names(mod))
+        if key in task_of:
+            ids.append(task_of[key])
+            continue
+        # Structurally equal with other block names: traces of one do not replay on the other.
+        variants = sum(k[0] == key[0] for k in task_of)
+        tid = task_of[key] = key[0] if not variants else f"{key[0]}-{variants}"
+        ids.append(tid)
+        info = index.get(tid)
+        tasks[tid] = TaskInfo(**info) if info else TaskInfo(tid, f"task-{tid}", kind_of(" ".join(key[1])))
+        modules[tid] = mod
+    return ids, tasks, modules
+
+
+def load_tasks(db_dir: str | os.PathLike) -> tuple[dict[str, TaskInfo], dict[str, object]]:
+    """The tasks of a database directory (info and IRModule by task id), without its trajectories; a
+    directory with no database yet has none."""
+    db_dir = Path(db_dir)
+    _, tasks, modules = _workload_tasks(load_raw(db_dir, missing_ok=True), read_task_index(db_dir))
+    return tasks, modules
+
+
 def load_dataset(db_dir: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None) -> TrajectoryDataset:
     """Trajectories of every record in a MetaSchedule JSON database directory."""
     db_dir = Path(db_dir)
@@ -356,29 +387,8 @@ def load_dataset(db_dir: str | os.PathLike, *, cache_dir: str | os.PathLike | No
             log.warning("%s is corrupt; hardware features unknown", manifest_path)
     if not hardware:
         hardware = host_cpu().as_json()
-    tasks, states, modules, ids = {}, {}, {}, []
-    task_of: dict[tuple, str] = {}  # (structural id, block names) -> task id
-    for entry in raw.workloads:
-        if entry is None:
-            ids.append(None)
-            continue
-        mod = workload_module(entry)
-        key = (task_id_of(mod), block_names(mod))
-        if key in task_of:
-            ids.append(task_of[key])
-            continue
-        # Structurally equal with other block names: traces of one do not replay on the other.
-        variants = sum(k[0] == key[0] for k in task_of)
-        tid = task_of[key] = key[0] if not variants else f"{key[0]}-{variants}"
-        ids.append(tid)
-        names = key[1]
-        info = index.get(tid)
-        if info:
-            tasks[tid] = TaskInfo(**info)
-        else:
-            tasks[tid] = TaskInfo(tid, f"task-{tid}", kind_of(" ".join(names)))
-        states[tid] = mod.script()
-        modules[tid] = mod
+    ids, tasks, modules = _workload_tasks(raw, index)
+    states = {tid: mod.script() for tid, mod in modules.items()}
     trajectories = []
     machine_of_target: dict[str, tuple[str, dict]] = {}  # target JSON -> (machine, hardware)
     for i, rec in enumerate(raw.records):

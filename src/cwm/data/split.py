@@ -58,6 +58,17 @@ def near_duplicate_groups(tasks: dict[str, TaskInfo], shapes: dict[str, tuple]) 
     return sorted(groups.values())
 
 
+def tasks_to_leave_out(task_ids, tasks: dict[str, TaskInfo], shapes: dict[str, tuple], *,
+                       network: str | None = None) -> set[str]:
+    """What holding out ``task_ids`` (a network's tasks, with ``tasks`` and ``shapes`` entries for them)
+    rules out of training: those ids, every task recorded under ``network`` (another pipeline version
+    gives the same layer another id), and every near-duplicate of these (the same layer shape in a sibling
+    network)."""
+    seeds = set(task_ids) | ({t for t, info in tasks.items() if info.network == network} if network else set())
+    related = {t for group in near_duplicate_groups(tasks, shapes) if seeds & set(group) for t in group}
+    return seeds | related
+
+
 def make_split(tasks: dict[str, TaskInfo], seed: int = 0, fractions=(0.70, 0.15, 0.15), *,
                shapes: dict[str, tuple] | None = None, test_networks=(), test_kinds=()) -> dict[str, list[str]]:
     """Split task ids into train/val/test, by task, never by record.
