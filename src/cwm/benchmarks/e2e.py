@@ -40,8 +40,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..data.database import RECORD_FILE, WORKLOAD_FILE
-from ..data.split import NEAR_DUPLICATE_TOLERANCE
+from ..data.database import RECORD_FILE, WORKLOAD_FILE, TaskInfo
+from ..data.split import NEAR_DUPLICATE_TOLERANCE, task_shapes, tasks_to_leave_out
 from ..deploy.build import PREPACKED_SUFFIX, build_network, sidecar_path
 from ..deploy.check import check_against_torch, check_outputs, tolerance_for, torch_outputs
 from ..deploy.profile import profile_network
@@ -282,8 +282,6 @@ def network_leave_out_ids(network: str, tasks, train_db) -> set[str]:
     training (``cwm.data.split.tasks_to_leave_out``): its tasks by id, the tasks the database records
     under its name, and their near-duplicates in other networks."""
     from ..data.dataset import load_tasks
-    from ..data.database import TaskInfo
-    from ..data.split import task_shapes, tasks_to_leave_out
     from ..schedule.tir import buffer_shapes
 
     infos, modules = load_tasks(train_db)
