@@ -52,6 +52,18 @@ _MAX_LEVELS = 32
 # --------------------------------------------------------------------------- labels
 
 
+def _graded_groups(latencies: Any, groups: Any, levels: int) -> tuple[int, np.ndarray, np.ndarray]:
+    """The checked inputs of a grading: ``(levels, latencies, group codes)``."""
+    levels = int(levels)
+    if levels < 2:
+        raise CwmError(f"levels must be >= 2, got {levels}")
+    lat = as_latencies(latencies)
+    codes, _ = group_codes(groups)
+    if len(lat) != len(codes):
+        raise CwmError(f"latencies and groups must have the same length, got {len(lat)} and {len(codes)}")
+    return levels, lat, codes
+
+
 def relevance_labels(latencies: Any, groups: Any, levels: int = 16) -> np.ndarray:
     """Integer relevance grades ``0..levels-1`` from within-group throughput.
 
@@ -60,15 +72,7 @@ def relevance_labels(latencies: Any, groups: Any, levels: int = 16) -> np.ndarra
     group gets ``levels - 1`` and grades are monotone (non-increasing) in
     latency.  Invalid candidates (None/NaN/inf/<=0 latency) get 0.
     """
-    levels = int(levels)
-    if levels < 2:
-        raise CwmError(f"levels must be >= 2, got {levels}")
-    lat = as_latencies(latencies)
-    codes, _ = group_codes(groups)
-    if len(lat) != len(codes):
-        raise CwmError(
-            f"latencies and groups must have the same length, got {len(lat)} and {len(codes)}"
-        )
+    levels, lat, codes = _graded_groups(latencies, groups, levels)
     labels = np.zeros(len(lat), dtype=np.int32)
     if len(lat) == 0:
         return labels
@@ -88,15 +92,7 @@ def rank_labels(latencies: Any, groups: Any, levels: int = 32) -> np.ndarray:
     ~0.26x the best into grade 0). Ties share a grade; invalid candidates get 0."""
     from scipy.stats import rankdata
 
-    levels = int(levels)
-    if levels < 2:
-        raise CwmError(f"levels must be >= 2, got {levels}")
-    lat = as_latencies(latencies)
-    codes, _ = group_codes(groups)
-    if len(lat) != len(codes):
-        raise CwmError(
-            f"latencies and groups must have the same length, got {len(lat)} and {len(codes)}"
-        )
+    levels, lat, codes = _graded_groups(latencies, groups, levels)
     labels = np.zeros(len(lat), dtype=np.int32)
     valid = ~np.isnan(lat)
     for g in np.unique(codes[valid]):
