@@ -226,6 +226,80 @@ def test_fit_rejects_bad_input():
         StateEncoder(tiny_config()).encode(["a"])  # untrained
 
 
+def ranked_corpus() -> tuple[list[str], list[float], list[str]]:
+    """Measured final states of two tasks: vectorized adds and wide matmul tiles are the fast ones."""
+    texts, latencies, groups = [], [], []
+    for t0 in (4, 8, 16, 32, 64, 128):
+        for vec in (True, False):
+            texts.append(add(t0, vec))
+            latencies.append((0.25 if vec else 1.0) * (1 + 0.01 * t0))
+            groups.append("add")
+    for t0 in (4, 8, 16):
+        for t1 in (4, 8, 16, 32):
+            texts.append(matmul(t0, t1))
+            latencies.append(1.0 / t1 + 0.001 * t0)
+            groups.append("mm")
+    return texts, latencies, groups
+
+
+def within_group_pairwise(scores, latencies, groups) -> float:
+    """Fraction of same-group pairs that the scores order like the latencies (higher score = faster)."""
+    right = total = 0
+    for i in range(len(scores)):
+        for j in range(len(scores)):
+            if groups[i] == groups[j] and latencies[i] < latencies[j]:
+                total += 1
+                right += scores[i] > scores[j]
+    return right / total
+
+
+def test_pairwise_speed_loss_by_hand():
+    import torch
+
+    from cwm.model.encoder import _pairwise_speed_loss
+
+    scores = torch.tensor([2.0, 0.0, 5.0])
+    # one pair: state 0 (faster) against state 1, same group; state 2 is alone in its group
+    loss = _pairwise_speed_loss(scores, torch.tensor([1.0, 2.0, 0.5]), torch.tensor([0, 0, 1]))
+    assert float(loss) == pytest.approx(float(np.log1p(np.exp(-2.0))))
+    none = _pairwise_speed_loss(scores, torch.tensor([1.0, 1.0, 1.0]), torch.tensor([0, 0, 1]))
+    assert float(none) == 0.0
+
+
+def test_latency_loss_teaches_e_the_within_task_order():
+    texts, groups = corpus()
+    ranked = ranked_corpus()
+    # every window in each step: the one token that makes an add fast must be seen
+    e = StateEncoder(tiny_config(latency_weight=5.0, train_windows=8)).fit(texts, groups, epochs=10, batch_size=12,
+                                                                           lr=1e-2, progress=False, ranked=ranked)
+    import torch
+
+    with torch.no_grad():
+        scores = e.speed_head_(torch.as_tensor(e.encode(ranked[0]))).squeeze(1).numpy()
+    assert within_group_pairwise(scores, ranked[1], ranked[2]) > 0.8  # 0.92 when written; untrained ~0.5
+    # without the loss there is no speed head, and the contrastive training is unchanged
+    plain = StateEncoder(tiny_config()).fit(texts, groups, epochs=2, batch_size=12, progress=False)
+    assert plain.speed_head_ is None
+    again = StateEncoder(tiny_config(latency_weight=0.0)).fit(texts, groups, epochs=2, batch_size=12,
+                                                              progress=False, ranked=ranked)
+    assert again.history_ == plain.history_
+
+
+def test_latency_loss_rejects_bad_input():
+    texts, groups = corpus()
+    r_texts, r_lat, r_groups = ranked_corpus()
+    with pytest.raises(CwmError, match="needs ranked states"):
+        StateEncoder(tiny_config(latency_weight=1.0)).fit(texts, groups, progress=False)
+    with pytest.raises(CwmError, match="finite positive"):
+        StateEncoder(tiny_config(latency_weight=1.0)).fit(texts, groups, progress=False,
+                                                          ranked=(r_texts, [float("nan")] * len(r_texts), r_groups))
+    with pytest.raises(CwmError, match="texts"):
+        StateEncoder(tiny_config(latency_weight=1.0)).fit(texts, groups, progress=False,
+                                                          ranked=(r_texts, r_lat[:-1], r_groups))
+    with pytest.raises(CwmError, match="latency_weight"):
+        tiny_config(latency_weight=-1.0)
+
+
 # ---------------------------------------------------------------- persistence
 
 

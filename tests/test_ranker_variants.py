@@ -7,9 +7,11 @@ import pytest
 
 from cwm.benchmarks.ranker_variants import (
     BASELINE_VARIANT,
+    COLUMN_GROUPS,
     VARIANTS,
     column_group,
     constant_columns,
+    final_state_columns,
     run_variants,
     split_features,
 )
@@ -18,10 +20,11 @@ from cwm.errors import CwmError
 
 
 def test_column_groups_name_every_cached_column():
-    assert [column_group(n) for n in ("z0", "z63", "perf", "oof:z7", "oof:perf", "act:tile_0", "sched:x", "hw:cores")] \
-        == ["z", "z", "perf", "oof:z", "oof:perf", "act", "sched", "hw"]
+    assert [column_group(n) for n in ("z0", "z63", "perf", "oof:z7", "oof:perf", "final5", "act:tile_0", "sched:x",
+                                      "hw:cores")] \
+        == ["z", "z", "perf", "oof:z", "oof:perf", "final", "act", "sched", "hw"]
     for v in VARIANTS.values():  # every variant names columns that exist
-        assert set(v.columns) <= {"z", "perf", "oof:z", "oof:perf", "act", "sched", "hw"}
+        assert set(v.columns) <= set(COLUMN_GROUPS)
 
 
 def test_constant_columns_are_those_constant_within_every_group():
@@ -109,3 +112,38 @@ def test_an_f_variant_refits_f_and_its_rows_stand_beside_the_shipped_ones(tiny_m
     with pytest.raises(CwmError, match="unknown F variant"):
         run_variants(tiny_model, multi_db, split, ["perf-only"], out, folds=1, cache_dir=cache, progress=False,
                      transition="nope")
+
+
+def test_the_final_state_gate_reads_e_of_the_true_final_states_and_e_variants_stand_beside(
+        tiny_model, multi_db, multi_split, tmp_path):
+    from cwm.data.dataset import load_dataset
+    from cwm.model.training import ranker_parts
+    from cwm.model.world_model import WorldModel
+
+    split = load_split(multi_split)
+    cache, out = tmp_path / "cache", tmp_path / "results"
+    model = WorldModel.load(tiny_model)
+    report = run_variants(tiny_model, multi_db, split, ["final-state"], out, folds=1, cache_dir=cache, resamples=100,
+                          progress=False)
+    rows = {(r["variant"], r["encoder"]): r for r in report["rows"]}
+    assert rows[("final-state", "shipped")]["columns"] == rows[(BASELINE_VARIANT, "shipped")]["columns"] + \
+        model.encoder.dim
+    # the columns are the model's E of each test record's replayed final state, in the rows' order
+    shipped = final_state_columns(tiny_model, multi_db, split, cache_dir=cache, progress=False)
+    test = load_dataset(multi_db).valid().subset(split["test"])
+    records = [t for _, _, part in ranker_parts(test) for t in part]
+    np.testing.assert_allclose(shipped["test"][0], model.encoder.encode([test.final_state(t) for t in records]),
+                               atol=1e-5)
+    np.testing.assert_array_equal(shipped["test"][1], [t.latency for t in records])
+
+    report = run_variants(tiny_model, multi_db, split, ["final-state"], out, folds=1, cache_dir=cache, resamples=100,
+                          progress=False, encoder="latency-head")
+    rows = {(r["variant"], r["encoder"]) for r in report["rows"]}
+    assert rows == {(v, e) for v in (BASELINE_VARIANT, "final-state") for e in ("shipped", "latency-head")}
+    assert "| shipped, E latency-head |" in (out / "world_model_experiments.md").read_text()
+    assert len(list(cache.glob("final_states_*.npz"))) == 2
+    head = final_state_columns(tiny_model, multi_db, split, cache_dir=cache, progress=False, encoder="latency-head")
+    assert not np.allclose(shipped["test"][0], head["test"][0])  # another E
+    with pytest.raises(CwmError, match="unknown E variant"):
+        run_variants(tiny_model, multi_db, split, ["final-state"], out, folds=1, cache_dir=cache, progress=False,
+                     encoder="nope")

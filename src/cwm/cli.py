@@ -376,6 +376,9 @@ def bench_ranker_variants(
     transition: str = typer.Option("shipped", help="F whose columns the variants use: shipped (the model's), or "
                                    "an F refit on the training tasks with changed settings, e.g. relative-tiles "
                                    "(refit: unchanged, the control; a wrong name lists them all)."),
+    encoder: str = typer.Option("shipped", help="E of the final-state variant's columns: shipped (the model's), "
+                                "refit (the control) or latency-head (E with a within-task ranking loss), "
+                                "refit on the training tasks."),
 ):
     """The world model's fast experiment loop: ranker variants on cached features, scored on held-out tasks with
     paired bootstrap intervals against action-features; rows merge into world_model_experiments.md."""
@@ -391,10 +394,11 @@ def bench_ranker_variants(
         "cwm bench ranker-variants"
     report = run_variants(model or default_model_dir(), resolve_db(db), load_split(split), chosen, out,
                           folds=folds, cache_dir=cache_dir or cache_root() / "experiments", seed=seed,
-                          command=command, transition=transition)
+                          command=command, transition=transition, encoder=encoder)
     for r in report["rows"]:
         m = r["metrics"]
-        typer.echo(f"{r['variant']:<22} {r['machine']:<8} F {r.get('transition', 'shipped'):<14} top1 {m['top1']['mean']:.3f} ({m['top1']['vs_baseline']:+.3f})"
+        typer.echo(f"{r['variant']:<22} {r['machine']:<8} F {r.get('transition', 'shipped'):<14} "
+                   f"E {r.get('encoder', 'shipped'):<12} top1 {m['top1']['mean']:.3f} ({m['top1']['vs_baseline']:+.3f})"
                    f"  top5 {m['top5']['mean']:.3f}  pairwise {m['pairwise_accuracy']['mean']:.3f}"
                    f" ({m['pairwise_accuracy']['vs_baseline']:+.3f})")
     typer.echo(f"report: {out / 'world_model_experiments.md'}")

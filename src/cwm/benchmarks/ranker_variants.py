@@ -43,7 +43,8 @@ TOP_RANKER = {"objective": "rank:ndcg", "labels": "rank", "label_levels": 32, "n
 # The znver5 *-top rows kept one tree: validation rows were stored fastest first and XGBoost's NDCG keeps
 # that order among tied scores, so round 0 scored highest. Validation rows are now hash-ordered (ranker.py).
 RANK_GRADES = {"labels": "rank", "label_levels": 32}
-COLUMN_GROUPS = ("z", "perf", "oof:z", "oof:perf", "act", "sched", "hw")
+FINAL = "final"  # the column group of E(true final state): final0, final1, ...
+COLUMN_GROUPS = ("z", "perf", "oof:z", "oof:perf", FINAL, "act", "sched", "hw")
 BASELINE_VARIANT = "action-features"
 SHIPPED_TRANSITION = "shipped"
 # TrainSettings fields over the model's own for an F refit on the split's training tasks.
@@ -55,6 +56,14 @@ TRANSITION_VARIANTS = {
     "relative-tiles-residual": {"transition_relative_tiles": True, "transition_residual": True},
     "perf-main": {"transition_perf_weight": 4.0},  # the score head's loss as the main term
     "all-records": {"transition_perf_trajectories_per_task": 1_000_000},  # every measured record trains the head
+}
+# E variants for the ``final`` columns (E of each record's true final state): TrainSettings fields over the
+# model's own for an E refit on the split's training tasks; ``refit`` changes none (the control).
+SHIPPED_ENCODER = "shipped"
+ENCODER_VARIANTS = {
+    SHIPPED_ENCODER: None,
+    "refit": {},
+    "latency-head": {"encoder_latency_weight": 1.0},  # within-task ranking loss on measured final states
 }
 DEFAULT_FOLDS = 4
 RESULTS_NAME = "world_model_experiments"
@@ -95,6 +104,9 @@ VARIANTS: dict[str, RankerVariant] = {v.name: v for v in [
                   description="score head only, top-weighted ranker"),
     RankerVariant("oof-perf-only-top", ("oof:perf",) + _STATIC, TOP_RANKER, drop_constant=True,
                   description="out-of-fold score head only, top-weighted ranker"),
+    RankerVariant("final-state", (FINAL,) + _STATIC,
+                  description="E of the true final state and the static features, no F: the gate for state "
+                              "matching (F can only predict what E of the final state carries)"),
 ]}
 
 
@@ -112,6 +124,8 @@ def column_group(name: str) -> str:
         return prefix + "perf"
     if base.startswith("z") and base[1:].isdigit():
         return prefix + "z"
+    if base.startswith(FINAL) and base[len(FINAL):].isdigit():
+        return FINAL
     return base.split(":")[0]
 
 
@@ -139,11 +153,14 @@ def model_id(model_dir: Path) -> str:
     return h.hexdigest()[:12]
 
 
-def _cache_key(model_dir: Path, db_dir: Path, split: dict, folds: int, transition: str = SHIPPED_TRANSITION) -> str:
+def _cache_key(model_dir: Path, db_dir: Path, split: dict, folds: int, transition: str = SHIPPED_TRANSITION,
+               encoder: str | None = None) -> str:
     h = hashlib.sha1()
     h.update(model_id(model_dir).encode())
     if transition != SHIPPED_TRANSITION:
         h.update(json.dumps([transition, TRANSITION_VARIANTS[transition]], sort_keys=True).encode())
+    if encoder is not None:
+        h.update(json.dumps(["encoder", encoder, ENCODER_VARIANTS[encoder]], sort_keys=True).encode())
     h.update(str(Path(db_dir).resolve()).encode())
     h.update(json.dumps({k: sorted(split.get(k, [])) for k in ("train", "val", "test")}).encode())
     h.update(str(folds).encode())
@@ -193,26 +210,50 @@ def get_transition_variant(name: str) -> dict | None:
     return TRANSITION_VARIANTS[name]
 
 
-def split_features(model_dir, db_dir, split: dict, *, folds: int = DEFAULT_FOLDS, cache_dir=None,
-                   progress: bool = True, transition: str = SHIPPED_TRANSITION) -> dict[str, SplitFeatures]:
-    """Every ranker column of the train, val and test records under ``model_dir``'s world model (which
-    must not have seen the test tasks), with ``oof`` columns for ``folds`` > 1; cached in ``cache_dir``.
-    ``transition`` other than ``shipped`` first refits F on the training tasks (``TRANSITION_VARIANTS``)."""
-    from ..data.dataset import load_dataset
-    from ..model.training import fit_transition, ranker_arrays, trained_settings
+def get_encoder_variant(name: str) -> dict | None:
+    if name not in ENCODER_VARIANTS:
+        raise CwmError(f"unknown E variant {name!r}; known: {', '.join(ENCODER_VARIANTS)}")
+    return ENCODER_VARIANTS[name]
+
+
+def _held_out_model(model_dir: Path, split: dict):
+    """The world model of ``model_dir``, refused if it saw any of the split's test tasks."""
     from ..model.world_model import WorldModel, training_tasks
 
-    overrides = get_transition_variant(transition)
-    model_dir = Path(model_dir)
     model = WorldModel.load(model_dir)
-    if not model.perf_score or model.config.latent != "rollout":
-        raise CwmError(f"{model_dir}: the experiment loop needs a rollout world model with F's score head")
     seen = training_tasks(model_dir)
     test = set(split.get("test", []))
     if not test:
         raise CwmError("the split has no test tasks")
     if seen is not None and seen & test:
         raise CwmError(f"{len(seen & test)} test task(s) were in {model_dir}'s training data")
+    return model
+
+
+def _split_parts(db_dir, split: dict, cache_dir):
+    from ..data.dataset import load_dataset
+
+    ds = load_dataset(db_dir, cache_dir=cache_dir).valid()
+    parts = {part: ds.subset(split.get(part, [])) for part in ("train", "val", "test")}
+    for part in ("train", "test"):
+        if not parts[part].trajectories:
+            raise CwmError(f"the {part} split has no valid records")
+    return parts
+
+
+def split_features(model_dir, db_dir, split: dict, *, folds: int = DEFAULT_FOLDS, cache_dir=None,
+                   progress: bool = True, transition: str = SHIPPED_TRANSITION) -> dict[str, SplitFeatures]:
+    """Every ranker column of the train, val and test records under ``model_dir``'s world model (which
+    must not have seen the test tasks), with ``oof`` columns for ``folds`` > 1; cached in ``cache_dir``.
+    ``transition`` other than ``shipped`` first refits F on the training tasks (``TRANSITION_VARIANTS``)."""
+    from ..model.training import fit_transition, ranker_arrays, trained_settings
+    from ..model.world_model import WorldModel
+
+    overrides = get_transition_variant(transition)
+    model_dir = Path(model_dir)
+    model = _held_out_model(model_dir, split)
+    if not model.perf_score or model.config.latent != "rollout":
+        raise CwmError(f"{model_dir}: the experiment loop needs a rollout world model with F's score head")
     cache = None
     if cache_dir is not None:
         key = _cache_key(model_dir, Path(db_dir), split, folds, transition)
@@ -222,11 +263,7 @@ def split_features(model_dir, db_dir, split: dict, *, folds: int = DEFAULT_FOLDS
             names = [str(n) for n in data["names"]]
             return {part: SplitFeatures(data[f"{part}_X"], data[f"{part}_lat"], data[f"{part}_groups"].astype(str),
                                         names) for part in ("train", "val", "test")}
-    ds = load_dataset(db_dir, cache_dir=cache_dir).valid()
-    parts = {part: ds.subset(split.get(part, [])) for part in ("train", "val", "test")}
-    for part in ("train", "test"):
-        if not parts[part].trajectories:
-            raise CwmError(f"the {part} split has no valid records")
+    parts = _split_parts(db_dir, split, cache_dir)
     settings = replace(trained_settings(model.config.trained_on), **(overrides or {}))
     if overrides is not None:
         t = time.time()
@@ -262,6 +299,62 @@ def split_features(model_dir, db_dir, split: dict, *, folds: int = DEFAULT_FOLDS
     return out
 
 
+def final_state_columns(model_dir, db_dir, split: dict, *, encoder: str = SHIPPED_ENCODER, cache_dir=None,
+                        progress: bool = True, chunk: int = 512) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """(E of the true final state, latency) of every valid train, val and test record, in the rows'
+    order (``ranker_parts``), under the model's E or the E variant ``encoder`` refit on the training tasks
+    (``ENCODER_VARIANTS``); cached in ``cache_dir``, where the replayed states are cached too."""
+    from tqdm.auto import tqdm
+
+    from ..model.training import fit_encoder, ranker_parts, trained_settings
+
+    overrides = get_encoder_variant(encoder)
+    model_dir = Path(model_dir)
+    model = _held_out_model(model_dir, split)
+    cache = None
+    if cache_dir is not None:
+        cache = Path(cache_dir) / f"final_states_{_cache_key(model_dir, Path(db_dir), split, 0, encoder=encoder)}.npz"
+        if cache.exists():
+            data = np.load(cache, allow_pickle=False)
+            return {part: (data[f"{part}_E"], data[f"{part}_lat"]) for part in ("train", "val", "test")}
+    parts = _split_parts(db_dir, split, cache_dir)
+    states = model.encoder
+    if overrides is not None:
+        t = time.time()
+        settings = replace(trained_settings(model.config.trained_on), **overrides)
+        states, _ = fit_encoder(parts["train"], settings, np.random.default_rng(settings.seed), progress)
+        log.info("E %s refit on %d training tasks in %.0f s", encoder, len(parts["train"].by_task), time.time() - t)
+    out = {}
+    for part, sub in parts.items():
+        rows = [t for _, _, records in ranker_parts(sub) for t in records]
+        vectors = np.zeros((len(rows), states.dim), np.float32)
+        bar = tqdm(total=len(rows), desc=f"final states ({part})", unit="state", disable=not progress)
+        for start in range(0, len(rows), chunk):
+            part_rows = rows[start:start + chunk]
+            vectors[start:start + len(part_rows)] = states.encode([sub.final_state(t) for t in part_rows])
+            bar.update(len(part_rows))
+        bar.close()
+        out[part] = (vectors, np.asarray([t.latency for t in rows], dtype=float))
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(".tmp.npz")
+        np.savez_compressed(tmp, **{f"{p}_{k}": v for p, (E, lat) in out.items() for k, v in (("E", E), ("lat", lat))})
+        tmp.replace(cache)
+    return out
+
+
+def with_final_columns(features: dict[str, SplitFeatures], finals: dict) -> dict[str, SplitFeatures]:
+    """``features`` with the ``final`` columns appended, after checking that the rows line up."""
+    out = {}
+    for part, f in features.items():
+        E, lat = finals[part]
+        if len(lat) != len(f.latencies) or not np.array_equal(lat, f.latencies):
+            raise CwmError(f"the final-state rows of the {part} split do not line up with its feature rows")
+        out[part] = SplitFeatures(np.concatenate([f.X, E.astype(f.X.dtype)], axis=1), f.latencies, f.groups,
+                                  f.names + [f"{FINAL}{i}" for i in range(E.shape[1])])
+    return out
+
+
 def constant_columns(X: np.ndarray, groups: np.ndarray) -> np.ndarray:
     """Mask of the columns that take one value within every group (they order no pair)."""
     const = np.ones(X.shape[1], dtype=bool)
@@ -294,10 +387,12 @@ def fit_variant(variant: RankerVariant, features: dict[str, SplitFeatures], seed
 
 def run_variants(model_dir, db_dir, split: dict, variants, out_dir, *, folds: int = DEFAULT_FOLDS,
                  cache_dir=None, seed: int = 0, resamples: int = 1000, confidence: float = 0.9,
-                 command: str = "", progress: bool = True, transition: str = SHIPPED_TRANSITION) -> dict:
+                 command: str = "", progress: bool = True, transition: str = SHIPPED_TRANSITION,
+                 encoder: str = SHIPPED_ENCODER) -> dict:
     """Fit and score ``variants`` (names of ``VARIANTS``) on the columns of the model's F or of the F
-    variant ``transition``, and merge their rows into ``out_dir/world_model_experiments.{json,md}`` (one
-    row per variant, model, F and machine; a rerun replaces its own rows, the others stay)."""
+    variant ``transition`` (and, for the ``final`` columns, of its E or the E variant ``encoder``), and merge
+    their rows into ``out_dir/world_model_experiments.{json,md}`` (one row per variant, model, F, E and
+    machine; a rerun replaces its own rows, the others stay)."""
     from ..hardware import host_cpu
     from ..model.metrics import (
         RANKING_METRICS,
@@ -308,6 +403,7 @@ def run_variants(model_dir, db_dir, split: dict, variants, out_dir, *, folds: in
     )
 
     get_transition_variant(transition)
+    get_encoder_variant(encoder)
     chosen = [get_variant(v) for v in dict.fromkeys(variants)]
     names = [v.name for v in chosen]
     if BASELINE_VARIANT not in names:
@@ -316,6 +412,9 @@ def run_variants(model_dir, db_dir, split: dict, variants, out_dir, *, folds: in
     t0 = time.time()
     features = split_features(model_dir, db_dir, split, folds=folds, cache_dir=cache_dir, progress=progress,
                               transition=transition)
+    if any(FINAL in v.columns for v in chosen):
+        features = with_final_columns(features, final_state_columns(model_dir, db_dir, split, encoder=encoder,
+                                                                    cache_dir=cache_dir, progress=progress))
     feature_seconds = time.time() - t0
     test = features["test"]
     scores, info = {}, {}
@@ -335,7 +434,8 @@ def run_variants(model_dir, db_dir, split: dict, variants, out_dir, *, folds: in
     for variant in chosen:
         name = variant.name
         row = {"variant": name, "description": variant.description, "model": portable_path(model_dir),
-               "model_id": model_id(Path(model_dir)), "transition": transition, "machine": machine,
+               "model_id": model_id(Path(model_dir)), "transition": transition, "encoder": encoder,
+               "machine": machine,
                "folds": folds if any(c.startswith("oof:") for c in variant.columns) else None,
                "command": command, "date": time.strftime("%Y-%m-%d"), **info[name], "metrics": {}}
         for m in RANKING_METRICS:
@@ -365,7 +465,7 @@ def _merge_rows(path: Path, rows: list[dict], meta: dict) -> dict:
         except json.JSONDecodeError:
             raise CwmError(f"{path} is not valid JSON; move it away to start a new table") from None
     key = lambda r: (r["variant"], r.get("model_id", r["model"]), r.get("transition", SHIPPED_TRANSITION),  # noqa: E731
-                     r["machine"])
+                     r.get("encoder", SHIPPED_ENCODER), r["machine"])
     new = {key(r) for r in rows}
     report["rows"] = [r for r in report.get("rows", []) if key(r) not in new] + rows
     report.update(meta)
@@ -397,7 +497,9 @@ def experiments_markdown(report: dict) -> str:
     ]
     for r in report["rows"]:
         m = r["metrics"]
-        lines.append(f"| {r['variant']} | `{r['machine']}` | {r['model']} | {r.get('transition', SHIPPED_TRANSITION)} | "
+        encoder = r.get("encoder", SHIPPED_ENCODER)
+        f = r.get("transition", SHIPPED_TRANSITION) + ("" if encoder == SHIPPED_ENCODER else f", E {encoder}")
+        lines.append(f"| {r['variant']} | `{r['machine']}` | {r['model']} | {f} | "
                      f"{r['columns']} | {r['trees']} | "
                      f"{iv(m['top1'])} | {iv(m['top5'])} | {iv(m['pairwise_accuracy'])} | "
                      f"{iv(m['pairwise_per_group'])} | {diff(m['top1'])} | {diff(m['top5'])} | "

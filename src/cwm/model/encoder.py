@@ -397,6 +397,10 @@ class EncoderConfig:
     canonicalize: bool = True
     dropout: float = 0.1
     train_windows: int = 4  # windows sampled per state at each training step; encode uses all
+    # Weight of a within-group ranking loss on measured final states (fit's ``ranked``): a linear speed
+    # head on the encoded vector, so that E keeps the differences between schedules of one task that
+    # the contrastive loss (all states of a task are positives) averages away. 0: contrastive only.
+    latency_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
@@ -405,6 +409,8 @@ class EncoderConfig:
             raise CwmError(f"stride must be in [1, window={self.window}], got {self.stride}")
         if min(self.max_windows, self.train_windows) < 1 or self.vocab_size < 16 or self.temperature <= 0:
             raise CwmError("max_windows and train_windows must be >= 1, vocab_size >= 16 and temperature > 0")
+        if not self.latency_weight >= 0:
+            raise CwmError(f"latency_weight must be >= 0, got {self.latency_weight!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -467,6 +473,33 @@ def _supcon_loss(z: torch.Tensor, labels: torch.Tensor, temperature: float) -> t
     return -per_anchor.mean()
 
 
+def _pairwise_speed_loss(scores: torch.Tensor, latencies: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """RankNet loss over the pairs of one group: the faster state of each pair should score higher."""
+    torch = _torch()
+    same = labels[:, None] == labels[None, :]
+    faster = latencies[:, None] < latencies[None, :]
+    pairs = same & faster
+    if not bool(pairs.any()):
+        return scores.sum() * 0.0
+    margin = scores[:, None] - scores[None, :]
+    return torch.nn.functional.softplus(-margin[pairs]).mean()
+
+
+RANKED_CHUNK = 8  # states of one group side by side in a batch of the latency loss: 28 pairs a chunk
+
+
+def _ranked_batches(labels: np.ndarray, per_group: int, batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Batches of whole within-group chunks (``per_group`` states of one group each), in random order."""
+    chunks = []
+    for g in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == g))
+        chunks.extend(members[i : i + per_group] for i in range(0, len(members), per_group)
+                      if len(members[i : i + per_group]) >= 2)
+    order = rng.permutation(len(chunks))
+    per_batch = max(1, batch_size // per_group)
+    return [np.concatenate([chunks[j] for j in order[i : i + per_batch]]) for i in range(0, len(order), per_batch)]
+
+
 # --------------------------------------------------------------------------- encoder
 
 
@@ -488,6 +521,7 @@ class StateEncoder:
         self.tokenizer = tokenizer or TIRTokenizer()
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.history_: list[float] = []
+        self.speed_head_ = None  # fit's linear speed head on encoded vectors (latency_weight > 0); not saved
         self._fingerprint: str | None = None
         transformers = _transformers()
         c = self.config
@@ -529,6 +563,7 @@ class StateEncoder:
         self.tokenizer = tokenizer
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.history_ = []
+        self.speed_head_ = None
         self._fingerprint = None
         self.model = model
         self.head = head
@@ -688,11 +723,16 @@ class StateEncoder:
         lr: float = 1e-3,
         progress: bool = True,
         max_seconds: float | None = None,
+        ranked: tuple[Sequence[str], Sequence[float], Sequence[Any]] | None = None,
     ) -> StateEncoder:
         """Contrastive training: states with the same ``groups`` label (task) are positives.
 
         Trains the tokenizer first if it is untrained. Records the mean loss of each epoch
         in ``history_``; stops early once ``max_seconds`` have elapsed.
+
+        With ``config.latency_weight`` > 0, ``ranked`` = (texts, latencies, groups) of measured final
+        states adds that weight times a within-group ranking loss of a linear speed head on the encoded
+        vectors; an epoch goes over the batches of both losses. The head (``speed_head_``) is not saved.
 
         Inside a torch.distributed process group (see :mod:`cwm.model.distributed`) the backbone and
         head train as one DistributedDataParallel module: each rank takes its share of every
@@ -713,10 +753,25 @@ class StateEncoder:
             raise CwmError("contrastive training needs at least one group with two or more states")
         if len(counts) < 2:
             logger.warning("all states share one group: the contrastive loss has no negatives")
+        weight = self.config.latency_weight
+        parallel = distributed.is_distributed()
+        if weight > 0:
+            if ranked is None:
+                raise CwmError("latency_weight > 0 needs ranked states: fit(..., ranked=(texts, latencies, groups))")
+            if parallel:
+                raise CwmError("the encoder's latency loss is not supported in distributed training")
+            r_texts, r_lat, r_groups = (list(x) for x in ranked)
+            if not len(r_texts) == len(r_lat) == len(r_groups):
+                raise CwmError(f"ranked states: {len(r_texts)} texts, {len(r_lat)} latencies, {len(r_groups)} groups")
+            r_lat = np.asarray(r_lat, dtype=float)
+            if not np.all(np.isfinite(r_lat) & (r_lat > 0)):
+                raise CwmError("ranked states need finite positive latencies")
+            _, r_labels = np.unique(np.asarray([str(g) for g in r_groups]), return_inverse=True)
+        elif ranked is not None:
+            logger.warning("ranked states are ignored: the encoder's latency_weight is 0")
 
         start_time = time.monotonic()
         prepared = [self._prepare(t) for t in texts]
-        parallel = distributed.is_distributed()
         if not self.tokenizer.is_trained:
             self.tokenizer.train(prepared, self.config.vocab_size)
             if parallel:  # every rank must tokenize the same way
@@ -729,6 +784,13 @@ class StateEncoder:
         self.history_ = []
 
         params = list(self.model.parameters()) + list(self.head.parameters())
+        if weight > 0:
+            r_windows = self._windows_prepared([self._prepare(t) for t in r_texts])
+            r_lat_t, r_labels_t = torch.as_tensor(r_lat), torch.as_tensor(r_labels)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.config.seed + 1)
+                speed_head = torch.nn.Linear(self.dim, 1)
+            params += list(speed_head.parameters())
         rng = np.random.default_rng(self.config.seed)
         # Ranks share ``rng`` for the batch order; window sampling draws from a per-rank stream.
         sample_rng = np.random.default_rng([self.config.seed, 1 + distributed.rank()]) if parallel else rng
@@ -747,15 +809,27 @@ class StateEncoder:
                 for epoch in bar:
                     total, seen = 0.0, 0
                     batches = _contrastive_batches(labels, batch_size, rng)
-                    for batch, weight in distributed.shard(batches) if parallel else ((b, 1.0) for b in batches):
+                    ranked_batches = _ranked_batches(r_labels, RANKED_CHUNK, batch_size, rng) if weight > 0 else []
+                    shards = list(distributed.shard(batches)) if parallel else [(b, 1.0) for b in batches]
+                    # an epoch goes over every batch of both losses; the shorter list starts over
+                    for step in range(max(len(shards), len(ranked_batches))):
+                        batch, share = shards[step % len(shards)]
                         z = project([_sample(windows[i], self.config.train_windows, sample_rng) for i in batch])
                         z = torch.nn.functional.normalize(z, dim=1)
                         loss = _supcon_loss(z, torch.as_tensor(labels[batch]), self.config.temperature)
+                        if ranked_batches:
+                            rb = ranked_batches[step % len(ranked_batches)]
+                            v = self._forward([_sample(r_windows[i], self.config.train_windows, sample_rng)
+                                               for i in rb])
+                            # unit vectors: the temperature gives the margins the contrastive loss's scale
+                            scores = speed_head(torch.nn.functional.normalize(v, dim=1)).squeeze(1) / \
+                                self.config.temperature
+                            loss = loss + weight * _pairwise_speed_loss(scores, r_lat_t[rb], r_labels_t[rb])
                         optimizer.zero_grad(set_to_none=True)
-                        (loss * weight if weight != 1.0 else loss).backward()
+                        (loss * share if share != 1.0 else loss).backward()
                         torch.nn.utils.clip_grad_norm_(params, 1.0)
                         optimizer.step()
-                        if weight:
+                        if share:
                             total += loss.item() * len(batch)
                             seen += len(batch)
                         if distributed.time_up(start_time, max_seconds):
@@ -773,6 +847,7 @@ class StateEncoder:
                 del project  # drops the DDP wrapper and its gradient hooks
                 self._eval()
                 self._fingerprint = None
+        self.speed_head_ = speed_head.eval() if weight > 0 else None
         return self
 
     # ------------------------------------------------------------------ persistence

@@ -34,6 +34,10 @@ class TrainSettings:
     encoder_stride: int = 96
     encoder_max_windows: int = 24
     vocab_size: int = 2048
+    # E's within-task ranking loss (EncoderConfig.latency_weight; 0: contrastive only) and how many
+    # measured final states per ranking group (task@machine) train it
+    encoder_latency_weight: float = 0.0
+    encoder_ranked_per_group: int = 32
     # transition
     transition_trajectories_per_task: int = 24
     transition_steps_per_trajectory: int = 4
@@ -115,6 +119,51 @@ def encoder_corpus(ds, per_task: int, rng) -> tuple[list[str], list[str]]:
     return texts, groups
 
 
+def encoder_ranked_corpus(ds, per_group: int, rng) -> tuple[list[str], list[float], list[str]]:
+    """Measured final states for E's ranking loss: (texts, latencies, ranking groups), at most
+    ``per_group`` valid records of each task@machine group."""
+    several = several_machines(ds)
+    texts, latencies, groups = [], [], []
+    for tid, trajs in ranked_trajectories(ds):
+        by_group: dict[str, list] = {}
+        for t in trajs:
+            by_group.setdefault(ranking_group(tid, t.machine, several), []).append(t)
+        for group, members in sorted(by_group.items()):
+            if len(members) < 2:
+                continue
+            for t in _sample(members, per_group, rng):
+                texts.append(ds.final_state(t))
+                latencies.append(float(t.latency))
+                groups.append(group)
+    return texts, latencies, groups
+
+
+def fit_encoder(train_ds, settings: TrainSettings, rng, progress: bool = True, cache_dir=None):
+    """E trained on ``train_ds``: contrastive over the tasks' states, plus the within-task ranking loss on
+    measured final states when ``settings.encoder_latency_weight`` > 0. Returns (encoder, states used)."""
+    from .encoder import EncoderConfig, StateEncoder
+
+    texts, groups = encoder_corpus(train_ds, settings.encoder_states_per_task, rng)
+    ranked = None
+    if settings.encoder_latency_weight > 0:
+        ranked = encoder_ranked_corpus(train_ds, settings.encoder_ranked_per_group, rng)
+        if not ranked[0]:
+            raise CwmError("E's latency loss needs tasks with two or more measured records")
+    latent_cache = cache_dir and Path(cache_dir) / "latents"
+    if settings.encoder_checkpoint:
+        encoder = StateEncoder.from_pretrained_checkpoint(settings.encoder_checkpoint, cache_dir=latent_cache)
+        encoder.config.latency_weight = settings.encoder_latency_weight
+    else:
+        encoder = StateEncoder(EncoderConfig(
+            vocab_size=settings.vocab_size, hidden_size=settings.encoder_hidden, num_layers=settings.encoder_layers,
+            num_heads=4 if settings.encoder_hidden >= 32 else 2, intermediate_size=2 * settings.encoder_hidden,
+            window=settings.encoder_window, stride=settings.encoder_stride, max_windows=settings.encoder_max_windows,
+            seed=settings.seed, latency_weight=settings.encoder_latency_weight), cache_dir=latent_cache)
+    encoder.fit(texts, groups, epochs=settings.encoder_epochs, progress=progress,
+                max_seconds=settings.encoder_max_seconds, ranked=ranked)
+    return encoder, len(texts) + (len(ranked[0]) if ranked else 0)
+
+
 def transition_data(ds, encoder, per_task: int, steps_per_traj: int, rng, progress: bool = True,
                     perf_per_task: int = 0):
     """(z0, actions, targets, latencies, groups): targets map a step to E(true state after that many
@@ -185,20 +234,26 @@ def ranked_trajectories(ds) -> list[tuple[str, list]]:
     return out
 
 
+def ranker_parts(ds):
+    """(task id, hardware, records) of every valid record of ``ds`` in the order ``ranker_arrays`` gives
+    their rows: task by task, and within a task machine by machine."""
+    for tid, trajs in ranked_trajectories(ds):
+        for hardware, rows in ds.by_hardware(trajs):
+            yield tid, hardware, [trajs[i] for i in rows]
+
+
 def ranker_arrays(model, ds, final_latents: dict | None = None):
     """Features, latencies and group labels of every valid record of ``ds``, task by task; each record
     gets the hardware features of the machine it was measured on, and is grouped by ``ranking_group``."""
     xs, lats, groups = [], [], []
     several = several_machines(ds)
-    for tid, trajs in ranked_trajectories(ds):
-        for hardware, rows in ds.by_hardware(trajs):
-            part = [trajs[i] for i in rows]
-            finals = None
-            if final_latents is not None:
-                finals = np.stack([final_latents[t.record_index] for t in part])
-            xs.append(model.features(ds.initial_states[tid], [t.actions for t in part], hardware, finals))
-            lats.extend(t.latency for t in part)
-            groups.extend(ranking_group(tid, t.machine, several) for t in part)
+    for tid, hardware, part in ranker_parts(ds):
+        finals = None
+        if final_latents is not None:
+            finals = np.stack([final_latents[t.record_index] for t in part])
+        xs.append(model.features(ds.initial_states[tid], [t.actions for t in part], hardware, finals))
+        lats.extend(t.latency for t in part)
+        groups.extend(ranking_group(tid, t.machine, several) for t in part)
     if not xs:
         raise CwmError("no valid records to build ranker features from")
     return np.concatenate(xs), np.asarray(lats, dtype=float), np.asarray(groups)
@@ -262,7 +317,6 @@ def _train(db_dir, split: dict, out_dir, settings: TrainSettings | None, *, prog
 
     import torch
 
-    from .encoder import EncoderConfig, StateEncoder
     from .metrics import evaluate_ranking
     from .ranker import LambdaRanker
     from .world_model import TRAIN_SPLIT_FILE, WorldModel, WorldModelConfig, check_output_dir
@@ -284,21 +338,9 @@ def _train(db_dir, split: dict, out_dir, settings: TrainSettings | None, *, prog
 
     # 1. Encoder
     t = time.time()
-    texts, groups = encoder_corpus(train_ds, settings.encoder_states_per_task, rng)
-    enc_cfg = EncoderConfig(vocab_size=settings.vocab_size, hidden_size=settings.encoder_hidden,
-                            num_layers=settings.encoder_layers, num_heads=4 if settings.encoder_hidden >= 32 else 2,
-                            intermediate_size=2 * settings.encoder_hidden, window=settings.encoder_window,
-                            stride=settings.encoder_stride, max_windows=settings.encoder_max_windows,
-                            seed=settings.seed)
-    latent_cache = cache_dir and Path(cache_dir) / "latents"
-    if settings.encoder_checkpoint:
-        encoder = StateEncoder.from_pretrained_checkpoint(settings.encoder_checkpoint, cache_dir=latent_cache)
-    else:
-        encoder = StateEncoder(enc_cfg, cache_dir=latent_cache)
-    encoder.fit(texts, groups, epochs=settings.encoder_epochs, progress=progress,
-                max_seconds=settings.encoder_max_seconds)
+    encoder, states = fit_encoder(train_ds, settings, rng, progress, cache_dir)
     report.encoder_loss = list(encoder.history_)
-    report.counts["encoder_states"] = len(texts)
+    report.counts["encoder_states"] = states
     report.seconds["encoder"] = time.time() - t
 
     # 2. Transition
