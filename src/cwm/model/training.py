@@ -151,8 +151,9 @@ def fit_encoder(train_ds, settings: TrainSettings, rng, progress: bool = True, c
             raise CwmError("E's latency loss needs tasks with two or more measured records")
     latent_cache = cache_dir and Path(cache_dir) / "latents"
     if settings.encoder_checkpoint:
-        encoder = StateEncoder.from_pretrained_checkpoint(settings.encoder_checkpoint, cache_dir=latent_cache)
-        encoder.config.latency_weight = settings.encoder_latency_weight
+        encoder = StateEncoder.from_pretrained_checkpoint(
+            settings.encoder_checkpoint, EncoderConfig(latency_weight=settings.encoder_latency_weight),
+            cache_dir=latent_cache)
     else:
         encoder = StateEncoder(EncoderConfig(
             vocab_size=settings.vocab_size, hidden_size=settings.encoder_hidden, num_layers=settings.encoder_layers,
